@@ -1,0 +1,133 @@
+"""Drafters: who proposes tokens. The seam is transformers' candidate-generator idea — `propose`
+drafts from the current state, `accepted` updates the drafter from the verification result.
+
+SelfDrafter: the target drafts for itself through a KV view over its own (exact) cache.
+ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse view.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from sparsespec.decoding.sampling import Sampling, entropy
+from sparsespec.kv.cache import KVCache
+from sparsespec.kv.views import FullView, KVView
+from sparsespec.models.runner import Capture, CausalLM
+
+
+@dataclass
+class DecodeState:
+    """What drafter and verifier share. The target cache holds every token but the last
+    (`tokens[-1]` is the pending token: sampled, not yet run through the target)."""
+
+    target: CausalLM
+    cache: KVCache
+    tokens: list[int]
+    prompt_len: int
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: torch.Tensor | None  # [k, V] distributions the tokens were drawn from (None when greedy)
+    entropies: list[float]
+    steps: int  # drafter forward passes
+    seconds: float = 0.0
+
+
+@dataclass
+class SelfDrafter:
+    """Self-speculation: the target model drafts with attention restricted to a KV view."""
+
+    view: KVView = field(default_factory=FullView)
+
+    def prefill_capture(self) -> Capture | None:
+        return getattr(self.view, "prefill_capture", lambda: None)()
+
+    def start(self, state: DecodeState) -> None:
+        pass
+
+    def verify_capture(self) -> Capture | None:
+        return getattr(self.view, "verify_capture", lambda: None)()
+
+    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+        t0 = time.perf_counter()
+        model, length = state.target, state.cache.length
+        kmax = controller.max_draft()
+        idx = self.view.select(length, model.n_layers, model.n_kv_heads, model.device)
+        # Full view: draft straight into the target cache and roll back; else a compact copy.
+        cache = state.cache if idx is None else state.cache.gather(idx, extra=kmax + 1)
+        base = cache.length
+        tok, out, qs, ents = state.tokens[-1], [], [], []
+        while True:
+            logits = model.forward(torch.tensor([tok]), cache, positions=torch.tensor([length + len(out)]))[-1]
+            tok, q = sampling.sample(logits, gen)
+            out.append(tok)
+            qs.append(q)
+            ents.append(entropy(logits))
+            if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
+                break
+        if idx is None:
+            cache.crop(base)
+        q = None if sampling.greedy else torch.stack(qs)
+        return Proposal(out, q, ents, steps=len(out), seconds=time.perf_counter() - t0)
+
+    def accepted(self, state: DecodeState, n_accepted: int) -> None:
+        update = getattr(self.view, "update", None)
+        if update is not None:
+            update(state, n_accepted)
+
+
+@dataclass
+class ModelDrafter:
+    """A separate small LM sharing the target's tokenizer, with its own cache and optional view."""
+
+    model: CausalLM
+    view: KVView = field(default_factory=FullView)
+    prefill_chunk: int = 1024
+    cache: KVCache | None = field(default=None, repr=False)
+
+    def prefill_capture(self) -> Capture | None:
+        return None
+
+    def verify_capture(self) -> Capture | None:
+        return None
+
+    def start(self, state: DecodeState) -> None:
+        self.cache = self.model.new_cache(len(state.tokens) + 64)
+        prompt = torch.tensor(state.tokens[: state.prompt_len])
+        self.model.prefill(prompt, self.cache, chunk=self.prefill_chunk, mask_fn=self.view.mask)
+
+    def _step(self, ids: list[int]) -> torch.Tensor:
+        n = len(ids)
+        mask = self.view.mask(self.cache.length, n, self.cache.length + n)
+        return self.model.forward(torch.tensor(ids), self.cache, mask=mask, logits="last")[-1]
+
+    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+        t0 = time.perf_counter()
+        kmax = controller.max_draft()
+        vocab = state.target.vocab_size
+        # catch up on every token the drafter has not processed (the pending one, plus the
+        # verifier's correction or the last draft when all were accepted)
+        logits = self._step(state.tokens[self.cache.length :])[:vocab]
+        out, qs, ents, steps = [], [], [], 1
+        while True:
+            tok, q = sampling.sample(logits, gen)
+            out.append(tok)
+            qs.append(q)
+            ents.append(entropy(logits))
+            if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
+                break
+            logits = self._step([tok])[:vocab]
+            steps += 1
+        q = None if sampling.greedy else torch.stack(qs)
+        return Proposal(out, q, ents, steps=steps, seconds=time.perf_counter() - t0)
+
+    def accepted(self, state: DecodeState, n_accepted: int) -> None:
+        # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
+        # drafter entries that lie on that sequence.
+        valid = len(state.tokens) - 1
+        self.cache.crop(min(self.cache.length, valid))

@@ -1,0 +1,154 @@
+"""The speculative engine: one loop for every method.
+
+    prefill the prompt, sample the first token
+    repeat: the drafter proposes up to k tokens (the controller decides how many),
+            the target verifies [pending, d1..dk] in one pass over its full cache,
+            the verifier keeps a prefix and adds one token of its own,
+            the target cache (and the drafter) roll back to the kept tokens.
+
+With no drafter this is plain autoregressive decoding (k = 0 every round), so `ar` and every
+speculative method share the same prefill, forward and sampling code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from sparsespec.decoding.controllers import FixedK, RoundStats
+from sparsespec.decoding.drafters import DecodeState
+from sparsespec.decoding.sampling import Sampling
+from sparsespec.decoding.verify import accept_greedy, accept_speculative
+from sparsespec.models.runner import CausalLM
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int]
+    prompt_tokens: int
+    prefill_s: float
+    wall_s: float  # decoding after prefill
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    draft_steps: int = 0
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
+    extra: dict = field(default_factory=dict)  # controller / view reports
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def overhead_s(self) -> float:
+        return max(self.wall_s - self.draft_s - self.verify_s, 0.0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """alpha: accepted / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_tokens(self) -> float | None:
+        """tau: tokens emitted per verification round (accepted drafts + the verifier's token)."""
+        if not self.rounds:
+            return None
+        return sum(a + 1 for _, a in self.rounds) / len(self.rounds)
+
+
+@dataclass
+class SpeculativeEngine:
+    target: CausalLM
+    drafter: object | None = None  # SelfDrafter, ModelDrafter or None for AR
+    controller: object = field(default_factory=FixedK)
+    prefill_chunk: int = 1024
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: Sampling = Sampling(),
+        seed: int = 0,
+        eos_token_ids: tuple[int, ...] = (),
+        progress: Callable[[int], None] | None = None,
+    ) -> GenerationResult:
+        if max_new_tokens <= 0:
+            raise ValueError(f"gen.max_new_tokens must be positive, got {max_new_tokens}")
+        if not prompt_ids:
+            raise ValueError("empty prompt: nothing to condition on")
+        gen = torch.Generator().manual_seed(seed)
+        target, drafter = self.target, self.drafter
+        cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)
+
+        t0 = time.perf_counter()
+        capture = drafter.prefill_capture() if drafter else None
+        logits = target.prefill(torch.tensor(prompt_ids), cache, self.prefill_chunk, capture=capture,
+                                progress=progress)[-1]
+        first, _ = sampling.sample(logits, gen)
+        state = DecodeState(target, cache, list(prompt_ids) + [first], len(prompt_ids))
+        if drafter:
+            drafter.start(state)
+        res = GenerationResult([first], len(prompt_ids), prefill_s=time.perf_counter() - t0, wall_s=0.0)
+
+        t0 = time.perf_counter()
+        eos = set(eos_token_ids)
+        while len(res.output_ids) < max_new_tokens and first not in eos:
+            remaining = max_new_tokens - len(res.output_ids)
+            first = self._round(state, res, remaining, sampling, gen)
+            new = state.tokens[state.prompt_len :]
+            if eos and eos.intersection(new):  # cut after the first EOS, as AR would stop there
+                stop = next(i for i, t in enumerate(new) if t in eos) + 1
+                new = new[:stop]
+                first = new[-1]
+            res.output_ids = new[:max_new_tokens]
+        res.wall_s = time.perf_counter() - t0
+        if hasattr(self.controller, "report"):
+            res.extra.update(self.controller.report())
+        return res
+
+    def _round(self, state: DecodeState, res: GenerationResult, remaining: int, sampling, gen) -> int:
+        """One draft-verify round; appends the kept tokens to state.tokens, returns the last one."""
+        target, cache, drafter = state.target, state.cache, self.drafter
+        length = cache.length
+        proposal = None
+        # with one token left a draft can never be used: verify-only (an AR step)
+        if drafter is not None and remaining > 1:
+            proposal = drafter.propose(state, self.controller, sampling, gen)
+            proposal.tokens = proposal.tokens[: remaining - 1]
+            if proposal.q is not None:
+                proposal.q = proposal.q[: len(proposal.tokens)]
+        draft = proposal.tokens if proposal else []
+
+        t0 = time.perf_counter()
+        capture = drafter.verify_capture() if drafter else None
+        ids = torch.tensor([state.tokens[-1], *draft])
+        logits = target.forward(ids, cache, capture=capture)
+        if sampling.greedy:
+            n_acc, nxt = accept_greedy(draft, logits)
+        else:
+            p = sampling.probs(logits)
+            n_acc, nxt = accept_speculative(draft, proposal.q, p, gen) if draft else (
+                0, int(torch.multinomial(p[0], 1, generator=gen)))
+        cache.crop(length + 1 + n_acc)
+        verify_s = time.perf_counter() - t0
+        state.tokens.extend([*draft[:n_acc], nxt])
+        res.verify_s += verify_s
+        res.verify_steps += 1
+        if proposal is not None:
+            drafter.accepted(state, n_acc)
+            res.draft_s += proposal.seconds
+            res.draft_steps += proposal.steps
+            res.drafted += len(draft)
+            res.accepted += n_acc
+            res.rounds.append((len(draft), n_acc))
+            self.controller.observe(RoundStats(len(draft), n_acc, proposal.entropies, proposal.seconds, verify_s))
+        return nxt

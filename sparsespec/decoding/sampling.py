@@ -1,0 +1,54 @@
+"""Turning logits into the distribution a token is drawn from.
+
+The drafter and the verifier must use the same transform (temperature, then top-p), and the
+verifier must see exactly the q the draft was sampled from; both go through `probs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] float32 logits -> [..., V] probabilities (one-hot at the argmax when greedy)."""
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        p = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p < 1:
+            sorted_p, order = p.sort(dim=-1, descending=True)
+            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+            drop = sorted_p.cumsum(-1) - sorted_p >= self.top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            p = torch.zeros_like(p).scatter(-1, order, sorted_p)
+            p = p / p.sum(-1, keepdim=True)
+        return p
+
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        """Draw one token from 1-D logits; returns (token, the probabilities it was drawn from)."""
+        p = self.probs(logits)
+        if self.greedy:
+            return int(logits.argmax()), p
+        return int(torch.multinomial(p, 1, generator=generator)), p
+
+
+def entropy(logits: torch.Tensor) -> float:
+    """Shannon entropy (nats) of softmax(logits): the controller's confidence signal."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return float(-(logp.exp() * logp).sum())

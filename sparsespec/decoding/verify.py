@@ -1,0 +1,43 @@
+"""The verifier: which drafted tokens are kept. Both rules return the target's own output.
+
+Greedy: the longest prefix of the draft equal to the target's argmax, then the target's argmax.
+Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft x_i with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw from norm(max(p_i - q_i, 0)); if all k
+are accepted draw a bonus token from p_{k+1}. Each emitted token is then distributed exactly as p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """draft: k tokens; target_logits: [k + 1, V]. Returns (n_accepted, next_token)."""
+    target = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and draft[n] == target[n]:
+        n += 1
+    return n, target[n]
+
+
+def accept_speculative(
+    draft: list[int],
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """draft: k tokens; q: [k, V] the distributions they were sampled from; p: [k + 1, V] the
+    target's (same temperature / top-p transform). Returns (n_accepted, next_token)."""
+    k = len(draft)
+    if k:
+        idx = torch.tensor(draft)
+        ratio = p[torch.arange(k), idx] / q[torch.arange(k), idx]
+        u = torch.rand(k, generator=generator)
+        for i in range(k):
+            if u[i] >= ratio[i]:  # reject (u < min(1, ratio) accepts)
+                residual = (p[i] - q[i]).clamp(min=0)
+                total = residual.sum()
+                # total == 0 only if p == q, where rejection has probability 0; guard anyway
+                dist = residual / total if total > 0 else p[i]
+                return i, int(torch.multinomial(dist, 1, generator=generator))
+    return k, int(torch.multinomial(p[k], 1, generator=generator))

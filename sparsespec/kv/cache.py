@@ -1,0 +1,85 @@
+"""A preallocated per-layer KV cache (batch size 1).
+
+HF's DynamicCache concatenates a new tensor every step; decoding at 64k context then spends its time
+copying. Here every layer owns one buffer of shape [n_kv_heads, capacity, head_dim] that grows by
+doubling, and rollback after a partial acceptance is a change of `length`, not a copy.
+
+Keys are stored after RoPE, so gathering a subset of positions (a sparse view) keeps each key's
+original position: a compact cache built by `gather` is a valid cache for drafting.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys and values of every layer, `length` entries valid, `capacity` entries allocated."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        capacity: int = 256,
+    ) -> None:
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.capacity = max(int(capacity), 1)
+        shape = (n_kv_heads, self.capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.length = 0
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` more entries (capacity doubles, so growth costs amortised O(1))."""
+        need = self.length + n
+        if need <= self.capacity:
+            return
+        new_cap = max(need, 2 * self.capacity)
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                new = torch.zeros(
+                    (self.n_kv_heads, new_cap, self.head_dim), dtype=self.dtype, device=self.device
+                )
+                new[:, : self.length] = old[:, : self.length]
+                store[i] = new
+        self.capacity = new_cap
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v ([n_kv_heads, n, head_dim]) at [length, length + n) and return the valid prefix
+        including them. `length` itself advances in `advance`, once all layers are written."""
+        n = k.shape[1]
+        end = self.length + n
+        self.k[layer][:, self.length : end] = k
+        self.v[layer][:, self.length : end] = v
+        return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first `length` entries (rejected draft tokens are forgotten)."""
+        if length < 0 or length > self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+
+    def gather(self, index: torch.Tensor, extra: int = 32) -> KVCache:
+        """A compact cache holding, per layer and KV head, the entries at `index`.
+
+        index: [n_layers, n_kv_heads, budget] positions < length. The result has room for `extra`
+        appended (draft) entries, so drafting never reallocates.
+        """
+        n_layers, n_heads, budget = index.shape
+        out = KVCache(n_layers, n_heads, self.head_dim, self.dtype, self.device, capacity=budget + extra)
+        for layer in range(n_layers):
+            idx = index[layer].unsqueeze(-1).expand(-1, -1, self.head_dim)
+            out.k[layer][:, :budget] = torch.gather(self.k[layer], 1, idx)
+            out.v[layer][:, :budget] = torch.gather(self.v[layer], 1, idx)
+        out.length = budget
+        return out
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,145 @@
+"""The one module that knows a model's internals: a forward pass over our KVCache.
+
+It reuses the Hugging Face modules (embeddings, norms, projections, MLP, rotary embedding with
+whatever rope scaling the config asks for) and replaces only the attention-and-cache step, so any
+Llama-shaped family works: Llama, Qwen2 (q/k/v bias), Mistral, Qwen3 (q/k norms). The test suite
+checks its logits against transformers' own forward for several families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sparsespec.kv.cache import KVCache
+from sparsespec.models.attention import attend
+
+
+@dataclass
+class Capture:
+    """Ask a forward to report attention: `observe(layer, probs)` gets, for every layer, the
+    probabilities of the last `last` queries summed per KV head, [n_kv_heads, last, T]."""
+
+    last: int
+    observe: Callable[[int, torch.Tensor], None]
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+class CausalLM:
+    """A decoder-only LM run one block of tokens at a time against an explicit KVCache."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        self.hf = hf_model
+        inner = getattr(hf_model, "model", None)
+        cfg = hf_model.config
+        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if inner is None or not all(hasattr(inner, a) for a in needed) or not hasattr(hf_model, "lm_head"):
+            raise UnsupportedModelError(
+                f"{type(hf_model).__name__} is not a Llama-shaped causal LM (model.embed_tokens/layers/norm/"
+                "rotary_emb and lm_head); supported families: llama, qwen2, qwen3, mistral"
+            )
+        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+            raise UnsupportedModelError("sliding-window attention is not supported: set use_sliding_window=false")
+        self.config = cfg
+        self.embed, self.layers, self.norm = inner.embed_tokens, inner.layers, inner.norm
+        self.rotary, self.lm_head = inner.rotary_emb, hf_model.lm_head
+        attn0 = self.layers[0].self_attn
+        self.n_layers = len(self.layers)
+        self.head_dim = attn0.head_dim
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.scale = attn0.scaling
+        self.vocab_size = self.lm_head.out_features
+        self.dtype = self.lm_head.weight.dtype
+        self.device = self.lm_head.weight.device
+        self.forward_calls = 0  # counted so tests can prove that e.g. index refreshes add no forward
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype, self.device, capacity)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache: KVCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        capture: Capture | None = None,
+        logits: str = "all",
+    ) -> torch.Tensor | None:
+        """Run ids ([n] token ids) appended to `cache` and return float32 logits.
+
+        positions: RoPE positions of the new tokens (default: cache.length + arange(n)); a gathered
+        compact cache passes the tokens' true positions. mask: [n, cache.length + n] bool visibility
+        (default causal). logits: "all" ([n, V]), "last" ([1, V]) or "none" (prefill chunks).
+        """
+        self.forward_calls += 1
+        n = ids.shape[0]
+        cache.reserve(n)
+        if positions is None:
+            positions = torch.arange(cache.length, cache.length + n, device=ids.device)
+        x = self.embed(ids)[None]  # [1, n, hidden]
+        cos, sin = self.rotary(x, positions[None])
+        cos, sin = cos[0], sin[0]  # [n, D]
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(layer, i, layer.input_layernorm(x), cos, sin, cache, mask, capture)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        cache.advance(n)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))[0].float()
+
+    def _attention(self, layer, i, h, cos, sin, cache, mask, capture):
+        attn = layer.self_attn
+        n = h.shape[1]
+        q = attn.q_proj(h).view(n, -1, self.head_dim)
+        k = attn.k_proj(h).view(n, -1, self.head_dim)
+        v = attn.v_proj(h).view(n, -1, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, n, D]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.write(i, k, v)
+        out, probs = attend(q, keys, values, self.scale, mask, capture.last if capture else 0)
+        if capture is not None:
+            capture.observe(i, probs)
+        return attn.o_proj(out.transpose(0, 1).reshape(1, n, -1))
+
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        cache: KVCache,
+        chunk: int = 1024,
+        mask_fn: Callable[[int, int, int], torch.Tensor] | None = None,
+        capture: Capture | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
+        """Feed a long prompt in chunks (peak activation memory ~ chunk * context) and return the
+        last position's logits [1, V]. mask_fn(start, n, total) gives a chunk's visibility mask for
+        sparse-attention drafters; capture applies to the final chunk only (the last prompt queries)."""
+        cache.reserve(ids.shape[0])
+        out = None
+        for start in range(0, ids.shape[0], chunk):
+            block = ids[start : start + chunk]
+            last = start + chunk >= ids.shape[0]
+            total = cache.length + block.shape[0]
+            m = mask_fn(cache.length, block.shape[0], total) if mask_fn else None
+            out = self.forward(block, cache, mask=m, capture=capture if last else None,
+                               logits="last" if last else "none")
+            if progress:
+                progress(block.shape[0])
+        return out
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
