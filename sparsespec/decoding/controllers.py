@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class RoundStats:
@@ -40,3 +42,115 @@ class FixedK:
 
     def report(self) -> dict:
         return {"controller": "fixed", "k": self.k}
+
+
+@dataclass
+class EntropyController:
+    """SparseSpec-L's controller: choose the draft length that maximises expected tokens per cost.
+
+    Acceptance estimate of a draft token with entropy H: the two class centres H_acc and H_rej
+    (EMAs of the entropy of accepted and of rejected draft tokens) split the line, and
+        p(H) = |H - H_rej| / (|H - H_acc| + |H - H_rej|)   (clipped to [p_min, p_max]),
+    i.e. 1 at the accepted centre and 0 at the rejected one. After each drafted token m that is a
+    candidate length, the controller compares the efficiency
+        eff(k) = (1 + sum_{j<=k} prod_{i<=j} p_i) / (1 + k * gamma)
+    of stopping now with every longer candidate, predicting the unseen tokens' p by the last one,
+    and stops when stopping now is best. gamma = (time of one draft step) / (time of one verify
+    pass) is measured online (EMA). The product over p_i assumes independent acceptances — the
+    referee's objection (b) — so `report()` returns the calibration needed to check it.
+    """
+
+    candidates: tuple[int, ...] = (4, 8, 12, 16, 20)
+    beta: float = 0.9  # EMA coefficient: new = beta * old + (1 - beta) * observation
+    h_acc_init: float = 0.5  # nats; the first rounds use these until tokens are observed
+    h_rej_init: float = 3.0
+    gamma_init: float = 0.2
+    p_min: float = 0.01
+    p_max: float = 0.99
+
+    def __post_init__(self) -> None:
+        self.candidates = tuple(sorted(int(c) for c in self.candidates))
+        if not self.candidates or self.candidates[0] <= 0:
+            raise ValueError(f"method.candidates must be positive draft lengths, got {self.candidates}")
+        if not 0 <= self.beta < 1:
+            raise ValueError(f"method.beta must be in [0, 1), got {self.beta}")
+        self.h_acc, self.h_rej, self.gamma = self.h_acc_init, self.h_rej_init, self.gamma_init
+        self._p: list[float] = []
+        self.log: list[tuple[list[float], int]] = []  # (per-token estimates, accepted) per round
+        self.chosen: list[int] = []
+
+    def estimate(self, h: float) -> float:
+        d_acc, d_rej = abs(h - self.h_acc), abs(h - self.h_rej)
+        p = d_rej / (d_acc + d_rej) if d_acc + d_rej > 0 else 0.5
+        if self.h_acc > self.h_rej:  # centres crossed (noisy start): fall back to a flat estimate
+            p = 0.5
+        return min(max(p, self.p_min), self.p_max)
+
+    def efficiency(self, ps: list[float], k: int) -> float:
+        """Expected tokens per unit cost when drafting k tokens with acceptance estimates ps
+        (ps shorter than k: the last estimate repeats)."""
+        expected, prod = 1.0, 1.0
+        for j in range(k):
+            prod *= ps[min(j, len(ps) - 1)]
+            expected += prod
+        return expected / (1 + k * self.gamma)
+
+    def max_draft(self) -> int:
+        self._p = []
+        return self.candidates[-1]
+
+    def keep_drafting(self, n_drafted: int, entropies: list[float]) -> bool:
+        self._p.append(self.estimate(entropies[-1]))
+        if n_drafted not in self.candidates:
+            return n_drafted < self.candidates[-1]
+        longer = [k for k in self.candidates if k > n_drafted]
+        if not longer:
+            return False
+        now = self.efficiency(self._p, n_drafted)
+        return max(self.efficiency(self._p, k) for k in longer) > now
+
+    def observe(self, stats: RoundStats) -> None:
+        ps = self._p[: stats.drafted]
+        self.log.append((ps, stats.accepted))
+        self.chosen.append(stats.drafted)
+        b = self.beta
+        for h in stats.entropies[: stats.accepted]:
+            self.h_acc = b * self.h_acc + (1 - b) * h
+        if stats.accepted < stats.drafted:
+            self.h_rej = b * self.h_rej + (1 - b) * stats.entropies[stats.accepted]
+        if stats.drafted and stats.verify_s > 0:
+            g = (stats.draft_s / stats.drafted) / stats.verify_s
+            self.gamma = b * self.gamma + (1 - b) * g
+
+    def report(self) -> dict:
+        """Calibration (objection b): predicted vs observed acceptance of labelled draft tokens
+        (tokens up to and including the first rejection), and observed P(first m accepted) vs
+        the mean product of the per-token estimates."""
+        pred, obs = [], []
+        for ps, acc in self.log:
+            for i, p in enumerate(ps[: acc + 1]):
+                pred.append(p)
+                obs.append(1.0 if i < acc else 0.0)
+        chain = {}
+        for m in (1, 2, 4, 8):
+            rounds = [(ps, acc) for ps, acc in self.log if len(ps) >= m]
+            if rounds:
+                prod = [float(torch.tensor(ps[:m]).prod()) for ps, _ in rounds]
+                chain[m] = {
+                    "observed": sum(acc >= m for _, acc in rounds) / len(rounds),
+                    "predicted": sum(prod) / len(prod),
+                    "n": len(rounds),
+                }
+        return {
+            "controller": "entropy",
+            "k_mean": sum(self.chosen) / len(self.chosen) if self.chosen else None,
+            "gamma": self.gamma,
+            "h_acc": self.h_acc,
+            "h_rej": self.h_rej,
+            "calibration": {
+                "predicted": sum(pred) / len(pred) if pred else None,
+                "observed": sum(obs) / len(obs) if obs else None,
+                "n": len(pred),
+            },
+            "prefix_acceptance": chain,
+        }

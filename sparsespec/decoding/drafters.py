@@ -48,7 +48,9 @@ class SelfDrafter:
         return getattr(self.view, "prefill_capture", lambda: None)()
 
     def start(self, state: DecodeState) -> None:
-        pass
+        start = getattr(self.view, "start", None)
+        if start is not None:
+            start(state)
 
     def verify_capture(self) -> Capture | None:
         return getattr(self.view, "verify_capture", lambda: None)()

@@ -126,11 +126,17 @@ class CausalLM:
         """Feed a long prompt in chunks (peak activation memory ~ chunk * context) and return the
         last position's logits [1, V]. mask_fn(start, n, total) gives a chunk's visibility mask for
         sparse-attention drafters; capture applies to the final chunk only (the last prompt queries)."""
-        cache.reserve(ids.shape[0])
+        n = ids.shape[0]
+        cache.reserve(n)
+        bounds = list(range(0, n, chunk)) + [n]
+        if capture is not None and len(bounds) > 2 and n - bounds[-2] < capture.last:
+            # the captured queries must all lie in the final chunk
+            bounds[-2] = max(bounds[-3], n - capture.last)
+            bounds = sorted(set(bounds))
         out = None
-        for start in range(0, ids.shape[0], chunk):
-            block = ids[start : start + chunk]
-            last = start + chunk >= ids.shape[0]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            block = ids[start:end]
+            last = end == n
             total = cache.length + block.shape[0]
             m = mask_fn(cache.length, block.shape[0], total) if mask_fn else None
             out = self.forward(block, cache, mask=m, capture=capture if last else None,
