@@ -53,6 +53,8 @@ class KVCache:
         including them. `length` itself advances in `advance`, once all layers are written."""
         n = k.shape[1]
         end = self.length + n
+        if end > self.capacity:  # a size-1 block would silently broadcast into an empty slice
+            raise RuntimeError(f"KVCache.write past capacity {self.capacity}: call reserve({n}) first")
         self.k[layer][:, self.length : end] = k
         self.v[layer][:, self.length : end] = v
         return self.k[layer][:, :end], self.v[layer][:, :end]

@@ -24,7 +24,7 @@ ALL_QUERIES = 1 << 30
 
 @dataclass
 class RecallIndex(KVView):
-    ratio: float | None = 0.10
+    ratio: float | None = None  # default 0.10 (the paper's optimum) when no budget is given
     k_sink: int = 16
     k_recent: int | None = 64
     window: int = 16  # W: verification queries whose attention scores the history
@@ -39,6 +39,8 @@ class RecallIndex(KVView):
     updates: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
+        if self.budget is None and self.ratio is None:
+            self.ratio = 0.10
         super().__post_init__()
         if self.window <= 0:
             raise ValueError(f"method.window must be a positive number of queries, got {self.window}")

@@ -1,0 +1,108 @@
+"""A method is a config that composes the engine's parts (DESIGN.md's method table).
+
+conf/method/<name>.yaml instantiates `Method` (flat keys, so `method.k=8` or `method.ratio=0.05`
+mean the same for every method that has them); `build` wires drafter, KV view and controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from sparsespec.decoding.controllers import EntropyController, FixedK
+from sparsespec.decoding.drafters import ModelDrafter, SelfDrafter
+from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kv.recall import RecallIndex
+from sparsespec.kv.views import FullView, KVView, StreamingView
+from sparsespec.models.runner import CausalLM
+
+DRAFTERS = ("none", "self", "model")
+VIEWS = ("full", "streaming", "snapkv", "recall")
+CONTROLLERS = ("fixed", "entropy")
+
+
+class MethodConfigError(ValueError):
+    pass
+
+
+@dataclass
+class MethodConfig:
+    """The schema of conf/method/*.yaml: every key a sweep may set exists, with its type."""
+
+    _target_: str = "sparsespec.eval.methods.Method"
+    name: str = MISSING
+    drafter: str = "none"  # none (AR) | self (target drafts for itself) | model (small drafter)
+    view: str = "full"  # which cached positions the drafter attends to
+    controller: str = "fixed"
+    k: int = 4  # fixed draft length
+    budget: int | None = None  # view size in tokens per KV head ...
+    ratio: float | None = None  # ... or as a share of the context
+    k_sink: int = 16
+    k_recent: int | None = None
+    window: int = 16  # recall index: verification queries that score the history
+    candidates: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 20])
+    beta: float = 0.9
+    h_acc_init: float = 0.5
+    h_rej_init: float = 3.0
+    gamma_init: float = 0.2
+    needs_trained_drafter: bool = False  # budgetdraft: default to the latest exported drafter
+
+
+@dataclass
+class Method(MethodConfig):
+    """A validated method, built from its config by hydra.utils.instantiate."""
+
+    def __post_init__(self) -> None:
+        for key, value, allowed in (("drafter", self.drafter, DRAFTERS), ("view", self.view, VIEWS),
+                                    ("controller", self.controller, CONTROLLERS)):
+            if value not in allowed:
+                raise MethodConfigError(f"method.{key}={value!r} is not one of {', '.join(allowed)}")
+        if self.drafter != "none":
+            if int(self.k) <= 0:
+                raise MethodConfigError(f"method.k must be a positive draft length, got {self.k}")
+            self.make_view()  # validates budget / ratio / k_sink / k_recent
+            self.make_controller()
+        if self.view in ("snapkv", "recall") and self.drafter == "model":
+            raise MethodConfigError(
+                f"method.view={self.view} scores the target's verification attention; it works with "
+                "method.drafter=self. Small-model drafters take view=streaming or full."
+            )
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter != "none"
+
+    def make_view(self) -> KVView:
+        sizes = {"budget": self.budget, "ratio": None if self.budget is not None else self.ratio}
+        try:
+            if self.view == "full":
+                return FullView()
+            if self.view == "streaming":
+                return StreamingView(**sizes, k_sink=self.k_sink, k_recent=self.k_recent)
+            return RecallIndex(**sizes, k_sink=self.k_sink, k_recent=self.k_recent if self.k_recent is not None else 64,
+                               window=self.window, refresh=self.view == "recall")
+        except ValueError as e:
+            raise MethodConfigError(str(e)) from e
+
+    def make_controller(self):
+        try:
+            if self.controller == "fixed":
+                return FixedK(int(self.k))
+            return EntropyController(tuple(self.candidates), self.beta, self.h_acc_init, self.h_rej_init,
+                                     self.gamma_init)
+        except ValueError as e:
+            raise MethodConfigError(str(e)) from e
+
+    def build(self, target: CausalLM, drafter_model: CausalLM | None = None, prefill_chunk: int = 1024
+              ) -> SpeculativeEngine:
+        """A fresh engine (fresh controller and view state) for one generation."""
+        if self.drafter == "none":
+            return SpeculativeEngine(target, None, FixedK(1), prefill_chunk)
+        if self.drafter == "self":
+            drafter = SelfDrafter(self.make_view())
+        else:
+            if drafter_model is None:
+                raise MethodConfigError(f"method {self.name} needs a drafter model: pass drafter.path=DIR")
+            drafter = ModelDrafter(drafter_model, self.make_view(), prefill_chunk)
+        return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk)
