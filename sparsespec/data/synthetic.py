@@ -17,7 +17,7 @@ from typing import Any
 from sparsespec.data.base import DatasetError
 from sparsespec.data.prompts import Frame, align_to_boundary, encode, take_tokens
 
-_SNAP_WINDOW = 48  # tokens searched on each side of the target depth for a boundary
+_SNAP_WINDOW = 64  # tokens searched on each side of the target depth for a boundary
 
 
 @dataclass
