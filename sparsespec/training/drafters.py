@@ -1,0 +1,107 @@
+"""Drafter models for BudgetDraft: Llama-family causal LMs sharing the target's tokenizer.
+
+* `truncated`: the target's embeddings, first `n_layers` decoder layers, final norm and head. It
+  starts as a (weak) drafter already and shares the target's vocabulary and RoPE setup.
+* `small`: a fresh, randomly initialised LlamaConfig of the given size (target's vocab size).
+* `path=DIR`: any Hugging Face causal-LM directory (e.g. a previous export) to fine-tune.
+
+Default N=2, chosen from the measured gamma = drafter decode step / target decode step on the
+2-core CPU (SmolLM2-135M target, 2k context, CausalLM runner): N=1 0.13, N=2 0.16, N=4 0.21,
+N=6 0.25. The 49k-vocab head is a fixed cost, so layers are cheap at first; see docs/training.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+
+def truncated(target: PreTrainedModel, n_layers: int = 2) -> PreTrainedModel:
+    """A deep copy of `target` keeping only its first `n_layers` layers (the target is untouched)."""
+    total = target.config.num_hidden_layers
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"drafter.n_layers={n_layers}: the target has {total} layers")
+    # copy without the dropped layers: deep-copying all 30 layers first would double peak memory
+    layers = target.model.layers
+    target.model.layers = nn.ModuleList(layers[:n_layers])
+    try:
+        model = copy.deepcopy(target)
+    finally:
+        target.model.layers = layers
+    model.config.num_hidden_layers = n_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:n_layers]
+    return model
+
+
+def small(target: PreTrainedModel, hidden_size: int = 256, n_layers: int = 2, n_heads: int = 4,
+          n_kv_heads: int = 2, intermediate_size: int = 768, seed: int = 0) -> PreTrainedModel:
+    """A fresh small Llama with the target's vocabulary size, max positions and RoPE base."""
+    tc = target.config
+    rope = dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+        max_position_embeddings=tc.max_position_embeddings, rope_parameters=rope,
+        tie_word_embeddings=True, bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
+        pad_token_id=getattr(tc, "pad_token_id", None),
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg)
+
+
+def build_drafter(target: PreTrainedModel, kind: str = "truncated", path: str | None = None,
+                  n_layers: int = 2, freeze_embeddings: bool = True, **small_kwargs) -> PreTrainedModel:
+    """The drafter to train, in float32 train mode. `path` (if set) wins over `kind`.
+
+    freeze_embeddings: with tied embeddings this also freezes the head. For `truncated` that keeps
+    the target's vocabulary geometry and skips the 28M-parameter head weight gradient (the costliest
+    matmul in the step); a fresh `small` model must learn them (set it false there).
+    """
+    if path:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    elif kind == "truncated":
+        model = truncated(target, n_layers)
+    elif kind == "small":
+        model = small(target, n_layers=n_layers, **small_kwargs)
+    else:
+        raise ValueError(f"drafter.kind={kind!r}: use truncated or small (or drafter.path=DIR)")
+    if model.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"drafter vocab {model.config.vocab_size} != target vocab {target.config.vocab_size}")
+    model = model.float().train()
+    model.requires_grad_(True)
+    if freeze_embeddings:
+        model.get_input_embeddings().requires_grad_(False)
+        model.get_output_embeddings().requires_grad_(False)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("drafter: %s, %d layers, %.1fM trainable parameters", path or kind,
+             model.config.num_hidden_layers, n_train / 1e6)
+    return model
+
+
+@torch.inference_mode()
+def measure_gamma(target: PreTrainedModel, drafter: PreTrainedModel, ctx: int = 2048, steps: int = 20) -> float:
+    """gamma = one drafter decode step / one target decode step, both through CausalLM at `ctx`."""
+    from sparsespec.models.runner import CausalLM
+
+    def step(hf) -> float:
+        lm = CausalLM(hf)
+        cache = lm.new_cache(ctx + steps + 8)
+        lm.prefill(torch.randint(0, lm.vocab_size, (ctx,)), cache)
+        tok = torch.tensor([1])
+        for _ in range(3):
+            lm.forward(tok, cache, logits="last")
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            lm.forward(tok, cache, logits="last")
+        return (time.perf_counter() - t0) / steps
+
+    return step(drafter.eval()) / step(target.eval())

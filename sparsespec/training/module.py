@@ -1,0 +1,132 @@
+"""The BudgetDraft LightningModule.
+
+Each training step, for a batch of sequences with full-cache teacher targets:
+  full branch    drafter with plain causal attention -> ce + acceptance-aware loss
+  sparse branch  for every budget B sampled this step, the same drafter with the streaming view's
+                 mask at B (exactly the inference view) -> ce to the same teacher targets + KL to
+                 the (detached) full branch, on the positions where the view is actually sparse.
+Validation: teacher-forced draft acceptance (argmax agreement with the teacher's greedy tokens) for
+the full view and each eval budget, over the second half of each sequence (where every eval budget
+<= seq_len / 2 is sparse), plus tau@k, the expected accepted drafts per greedy round of k.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import torch
+from transformers import PreTrainedModel
+
+from sparsespec.training.budgets import BudgetSampler, sparse_rows, view_mask
+from sparsespec.training.losses import BudgetDraftLoss
+
+
+def accepted_run(agree: torch.Tensor, k: int) -> torch.Tensor:
+    """For agreement flags [n] (bool), mean over round starts t of the number of consecutive
+    agreements from t, capped at k: the accepted drafts of a greedy round starting at t."""
+    a = agree.float()
+    n = a.shape[0]
+    total = torch.zeros(n, device=a.device)
+    run = torch.ones(n, device=a.device)
+    for d in range(k):
+        shifted = torch.zeros(n, device=a.device)
+        shifted[: n - d] = a[d:]
+        run = run * shifted
+        total = total + run
+    return total[: max(n - k + 1, 1)].mean()
+
+
+class BudgetDraftModule(L.LightningModule):
+    def __init__(self, drafter: PreTrainedModel, budget: BudgetSampler, loss: BudgetDraftLoss,
+                 optim: dict[str, Any] | None = None, seed: int = 0, tau_k: int = 4):
+        super().__init__()
+        self.drafter = drafter
+        self.budget, self.loss_fn = budget, loss
+        self.optim = {"lr": 5e-4, "weight_decay": 0.0, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
+                      "betas": (0.9, 0.95), **(optim or {})}
+        self.rng = random.Random(seed)
+        self.tau_k = tau_k
+        self.train_steps_run = 0  # steps executed by this process (resume tests check it)
+        self.save_hyperparameters(ignore=["drafter", "budget", "loss"])
+
+    # -- forwards -----------------------------------------------------------------------------
+    def _hidden(self, ids: torch.Tensor, budget: int | None) -> torch.Tensor:
+        mask = None if budget is None else view_mask(budget, self.budget.k_sink, ids.shape[1], ids.device)
+        return self.drafter.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    def logits(self, ids: torch.Tensor, budget: int | None = None, start: int = 0) -> torch.Tensor:
+        """Float32 logits [b, n - start, V] for positions start.. under view `budget` (None = full).
+        Only those positions go through the head: the 49k-vocab head dominates the step's cost."""
+        return self.drafter.lm_head(self._hidden(ids, budget)[:, start:]).float()
+
+    # -- training -----------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        ids, tgt = batch["input_ids"], batch["targets"]
+        n = ids.shape[1]
+        topk_idx, topk_logp = batch.get("topk_idx"), batch.get("topk_logp")
+        flat = lambda x, s=0: None if x is None else x[:, s:].reshape(-1, *x.shape[2:])  # noqa: E731
+
+        full = self.logits(ids)
+        parts = self.loss_fn.full(full.reshape(-1, full.shape[-1]), flat(tgt), flat(topk_idx), flat(topk_logp))
+        budgets = self.budget.sample(n, self.rng)
+        for b in budgets:
+            s = sparse_rows(b, n)
+            sp = self.logits(ids, b, start=s)
+            for k, v in self.loss_fn.sparse(sp.reshape(-1, sp.shape[-1]), full[:, s:].reshape(-1, sp.shape[-1]),
+                                            flat(tgt, s), flat(topk_idx, s), flat(topk_logp, s)).items():
+                parts[k] = parts.get(k, 0.0) + v / len(budgets)
+        loss = sum(parts.values())
+        bs = ids.shape[0]
+        for k, v in parts.items():
+            self.log(f"train/{k}", v, batch_size=bs)
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/budget", float(budgets[0]) if budgets else float(n), batch_size=bs)
+        self.train_steps_run += 1
+        return loss
+
+    # -- validation ---------------------------------------------------------------------------
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        ids, tgt = batch["input_ids"], batch["targets"]
+        n = ids.shape[1]
+        s = n // 2
+        accs = []
+        for b in [None, *self.budget.eval_budgets(n)]:
+            pred = self.logits(ids, b, start=s).argmax(-1)
+            agree = (pred == tgt[:, s:])[0]
+            name = "full" if b is None else f"B{b}"
+            acc = agree.float().mean()
+            accs.append(acc)
+            self.log(f"val/acc_{name}", acc, batch_size=1, sync_dist=True)
+            self.log(f"val/tau{self.tau_k}_{name}", accepted_run(agree, self.tau_k), batch_size=1, sync_dist=True)
+        # the checkpoint monitor: mean acceptance over the full view and every eval budget
+        self.log("val/acceptance", torch.stack(accs).mean(), prog_bar=True, batch_size=1, sync_dist=True)
+
+    # the budget sampler's RNG travels with the checkpoint, so a resumed run samples what an
+    # uninterrupted one would have
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["budget_rng"] = self.rng.getstate()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "budget_rng" in checkpoint:
+            state = checkpoint["budget_rng"]
+            self.rng.setstate((state[0], tuple(state[1]), state[2]))
+
+    # -- optimisation -------------------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.optim
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=o["lr"], weight_decay=o["weight_decay"], betas=tuple(o["betas"]))
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warm = max(int(o["warmup_ratio"] * total), 1)
+        floor = float(o["min_lr_ratio"])
+
+        def schedule(step: int) -> float:  # linear warmup, cosine decay to min_lr_ratio
+            if step < warm:
+                return (step + 1) / warm
+            t = min((step - warm) / max(total - warm, 1), 1.0)
+            return floor + (1 - floor) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * t)).item())
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,98 @@
+"""`train(cfg)`: everything `python train.py` does, importable and testable without Hydra's runtime.
+
+Builds (all via hydra.utils.instantiate from the composed config): target + tokenizer
+(sparsespec.models.loading.load_model), the drafter, the data module with cached teacher targets,
+the budget sampler, the loss, the LightningModule, callbacks, loggers and the Trainer; fits
+(optionally resuming from `ckpt_path`), then exports the drafter and updates the latest pointer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from sparsespec.training.export import export_drafter
+from sparsespec.training.module import BudgetDraftModule
+from sparsespec.training.teacher import Teacher, model_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def _loggers(cfg: DictConfig) -> list[Any] | bool:
+    if not cfg.get("logger"):
+        return False
+    out = []
+    for lcfg in cfg.logger.values():
+        if lcfg is None:
+            continue
+        if "WandbLogger" in str(lcfg.get("_target_", "")) and lcfg.get("offline") is None:
+            # offline unless the user configured W&B (an API key or an explicit WANDB_MODE)
+            offline = not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") in (None, "offline")
+            if offline:
+                os.environ.setdefault("WANDB_MODE", "offline")
+            lcfg = OmegaConf.merge(lcfg, {"offline": offline})
+        out.append(instantiate(lcfg))
+    return out or False
+
+
+def _metrics(trainer: L.Trainer) -> dict[str, float]:
+    return {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Run one training job; returns trainer, module, datamodule, export dir and metrics."""
+    t_start = time.perf_counter()
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    L.seed_everything(int(cfg.seed), workers=True)
+    out_dir = Path(cfg.out_dir).expanduser().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    from sparsespec.models.loading import load_model
+
+    loaded = load_model(cfg.model.get("path"), dtype=cfg.model.get("dtype", "float32"))
+    target, tokenizer = loaded.model, loaded.tokenizer
+    fingerprint = model_fingerprint(target)
+    drafter = instantiate(cfg.drafter, target=target)  # copies what it needs before the teacher cast
+
+    tcfg = cfg.teacher
+    teacher_factory = lambda: Teacher(target, tcfg.dtype, tcfg.topk, tcfg.batch_size)  # noqa: E731
+    datamodule = instantiate(cfg.data, tokenizer=tokenizer, teacher=teacher_factory, fingerprint=fingerprint,
+                             teacher_dtype=tcfg.dtype, topk=tcfg.topk, cache_dir=tcfg.get("cache_dir"))
+    module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),
+                               optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed))
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=_loggers(cfg),
+                                     default_root_dir=str(out_dir))
+
+    untrained = None
+    if cfg.get("eval_untrained") and not cfg.get("ckpt_path"):
+        # the starting point, measured on the same held-out sequences (acceptance before training)
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+        untrained = _metrics(trainer)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    final = _metrics(trainer)
+
+    export_dir = None
+    summary = {"untrained": untrained, "final": final, "global_step": trainer.global_step,
+               "teacher_shards_computed": datamodule.computed_shards,
+               "seconds": round(time.perf_counter() - t_start, 1), "fingerprint": fingerprint,
+               "config": OmegaConf.to_container(cfg, resolve=True)}
+    if trainer.is_global_zero:
+        if cfg.get("export", True):
+            export_dir = export_drafter(module.drafter, tokenizer, out_dir, info=summary,
+                                        update_latest=cfg.get("update_latest", True))
+            log.info("exported drafter to %s", export_dir)
+        (out_dir / "metrics.json").write_text(json.dumps(summary, indent=1, default=str))
+        log.info("untrained %s\nfinal %s", untrained, final)
+    return {"trainer": trainer, "module": module, "datamodule": datamodule, "export_dir": export_dir,
+            "metrics": final, "untrained": untrained, "summary": summary}

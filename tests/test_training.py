@@ -1,0 +1,317 @@
+"""BudgetDraft training, offline and fast: a tiny random Llama target, a tiny BPE tokenizer built
+here, a small generated corpus. Covers losses (hand-computed), mask/view parity with the inference
+runner, train.py through Hydra compose, resume, export -> speculative round trip, teacher cache."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from sparsespec.decoding.controllers import FixedK
+from sparsespec.decoding.drafters import ModelDrafter
+from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kv.views import StreamingView
+from sparsespec.models.runner import CausalLM
+from sparsespec.training import losses
+from sparsespec.training.budgets import BudgetSampler, sparse_rows, view_mask
+from sparsespec.training.data import DraftDataModule
+from sparsespec.training.drafters import build_drafter
+from sparsespec.training.export import latest_drafter_path
+from sparsespec.training.module import BudgetDraftModule, accepted_run
+from sparsespec.training.teacher import Teacher, model_fingerprint
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+WORDS = ("the river ferryman crossed story question answer book key pass value green sky blue sun "
+         "yellow grass there back again hidden text quiz chain read passages old man sea boat").split()
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: tokenizer, target directory, corpus
+# ---------------------------------------------------------------------------------------------
+
+
+def _text(seed: int, n: int = 600) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + "."
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_text(i) for i in range(5)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def tiny_target(vocab: int, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("training")
+    tok = make_tokenizer()
+    target = tiny_target(len(tok))
+    model_dir = root / "target"
+    target.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": _text(100 + i)}) + "\n" for i in range(4)))
+    return {"root": root, "tok": tok, "target": target, "model_dir": model_dir, "corpus": corpus}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    # LATEST pointer, teacher cache and datasets' Arrow cache stay inside the test's tmp dir
+    import datasets
+
+    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+
+
+def overrides(env, out: Path, *extra: str) -> list[str]:
+    return [f"model.path={env['model_dir']}", f"data.path={env['corpus']}", "data.seq_len=64", "data.n_train=4",
+            "data.n_val=1", "budget.values=[16,32]", "budget.eval_values=[16,32]", "budget.k_sink=4",
+            "trainer=debug", "trainer.precision=32-true", f"out_dir={out}", *extra]
+
+
+def run_train(ovr: list[str]):
+    from sparsespec.training.run import train
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=ovr)
+    return train(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# losses: hand-computed values and gradients
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ce_value_and_gradient():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 3.0]], requires_grad=True)
+    tgt = torch.tensor([0, 1])
+    loss = losses.ce(logits, tgt)
+    z0 = torch.log(torch.exp(torch.tensor(2.0)) + 2)
+    z1 = torch.log(1 + torch.exp(torch.tensor(1.0)) + torch.exp(torch.tensor(3.0)))
+    assert torch.allclose(loss, ((z0 - 2) + (z1 - 1)) / 2)
+    loss.backward()
+    expect = (F.softmax(logits.detach(), -1) - F.one_hot(tgt, 3).float()) / 2
+    assert torch.allclose(logits.grad, expect, atol=1e-6)
+
+
+def test_acceptance_prob_min_overlap_and_greedy_fallback():
+    q = torch.tensor([[0.5, 0.3, 0.2]])
+    logp = q.log()
+    idx = torch.tensor([[1, 0]])  # teacher top-2: token 1 (p=0.6), token 0 (p=0.3)
+    tlogp = torch.tensor([[0.6, 0.3]]).log()
+    alpha = losses.acceptance_prob(logp, torch.tensor([1]), idx, tlogp)
+    assert torch.allclose(alpha, torch.tensor([min(0.3, 0.6) + min(0.5, 0.3)]))  # 0.6
+    assert torch.allclose(losses.acceptance_prob(logp, torch.tensor([2])), torch.tensor([0.2]))
+
+
+def test_survival_weights_by_hand():
+    alpha = torch.tensor([0.5, 0.5, 1.0])
+    # depth 2: w_t = (1 + alpha_{t-1}) / 2 -> [1, .75, .75], normalised to mean 1
+    w = losses.survival_weights(alpha, 2)
+    raw = torch.tensor([1.0, 0.75, 0.75])
+    assert torch.allclose(w, raw / raw.mean())
+    # depth 3 (alpha before the sequence start counts as 1): w_0 = 1, w_1 = (1 + a0 + a0) / 3,
+    # w_2 = (1 + a1 + a1 a0) / 3
+    w3 = losses.survival_weights(alpha, 3)
+    raw3 = torch.tensor([1.0, (1 + 0.5 + 0.5) / 3, (1 + 0.5 + 0.25) / 3])
+    assert torch.allclose(w3, raw3 / raw3.mean())
+
+
+def test_acceptance_loss_value_and_weights_detached():
+    logits = torch.tensor([[1.0, 0.0], [0.0, 2.0]], requires_grad=True)
+    tgt = torch.tensor([0, 1])
+    loss = losses.acceptance_loss(logits, tgt, depth=2)
+    q = F.softmax(logits.detach(), -1)
+    a = torch.stack([q[0, 0], q[1, 1]])
+    w = torch.tensor([1.0, (1 + a[0].item()) / 2])
+    w = w / w.mean()
+    assert torch.allclose(loss, (w * -a.log()).mean())
+    loss.backward()
+    # with weights held constant, d/dlogits of w_t * -log q_t(y) is w_t * (softmax - onehot) / n
+    expect = w[:, None] * (q - F.one_hot(tgt, 2).float()) / 2
+    assert torch.allclose(logits.grad, expect, atol=1e-6)
+
+
+def test_kl_zero_for_equal_views_and_gradient():
+    full = torch.tensor([[0.5, -1.0, 2.0]])
+    sp = full.clone().requires_grad_(True)
+    assert losses.kl(full, sp).abs() < 1e-7
+    sp2 = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
+    val = losses.kl(full, sp2)
+    p = F.softmax(full, -1)
+    assert torch.allclose(val, (p * (p.log() - torch.log(torch.tensor(1 / 3)))).sum())
+    val.backward()
+    assert torch.allclose(sp2.grad, F.softmax(sp2.detach(), -1) - p, atol=1e-6)  # q - p
+
+
+def test_accepted_run():
+    agree = torch.tensor([True, True, False, True])
+    # starts 0..2 with k=2: min(run, 2) = [2, 1, 0] -> mean 1
+    assert accepted_run(agree, 2).item() == pytest.approx(1.0)
+
+
+def test_budget_sampler_drops_full_budgets_and_respects_modes():
+    s = BudgetSampler(mode="multi", values=[256, 512, 1024, 2048], k_sink=16)
+    assert s.candidates(2048)[0] == [256, 512, 1024]
+    rng = random.Random(0)
+    seen = {s.sample(2048, rng)[0] for _ in range(200)}
+    assert seen == {256, 512, 1024}
+    assert BudgetSampler(mode="single", values=[512]).sample(2048, rng) == [512]
+    assert BudgetSampler(mode="full").sample(2048, rng) == []
+    r = BudgetSampler(mode="multi", ratios=[0.25, 0.5, 0.75], k_sink=16)
+    assert r.candidates(1024)[0] == [256, 512, 768]
+    with pytest.raises(ValueError):
+        BudgetSampler(mode="sometimes")
+
+
+# ---------------------------------------------------------------------------------------------
+# training views == inference views
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [8, 16, 24])
+def test_masked_training_forward_equals_inference_runner(budget):
+    target = tiny_target(97, seed=1)
+    drafter = build_drafter(target, kind="truncated", n_layers=2, freeze_embeddings=False).eval()
+    module = BudgetDraftModule(drafter, BudgetSampler(mode="multi", values=[budget], k_sink=4), losses.BudgetDraftLoss())
+    n = 48
+    ids = torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(budget))
+    with torch.no_grad():
+        train_logits = module.logits(ids[None], budget)[0]
+        full_logits = module.logits(ids[None])[0]
+    view = StreamingView(budget=budget, k_sink=4)
+    lm = CausalLM(drafter)
+    # 1) one forward over the whole sequence under the view's mask
+    ref = lm.forward(ids, lm.new_cache(n), mask=view.mask(0, n, n))
+    assert torch.allclose(train_logits, ref, atol=1e-4)
+    # 2) the ModelDrafter path: chunked prefill under view.mask, then one token at a time
+    cache = lm.new_cache(n)
+    lm.prefill(ids[:30], cache, chunk=7, mask_fn=view.mask)
+    for p in range(30, n):
+        step = lm.forward(ids[p : p + 1], cache, mask=view.mask(p, 1, p + 1))[-1]
+        assert torch.allclose(train_logits[p], step, atol=1e-4)
+    # the view matters exactly from sparse_rows on (so the test cannot pass with a causal mask)
+    s = sparse_rows(budget, n)
+    assert torch.allclose(train_logits[:s], full_logits[:s], atol=1e-5)
+    assert (train_logits[s:] - full_logits[s:]).abs().max() > 1e-3
+    assert view_mask(budget, 4, n).shape == (1, 1, n, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# teacher targets: cached, sharded, resumable
+# ---------------------------------------------------------------------------------------------
+
+
+def test_teacher_cache_reuse_and_resume(env, tmp_path):
+    made = []
+
+    def factory():
+        t = Teacher(tiny_target(len(env["tok"])), dtype="float32", topk=4)
+        made.append(t)
+        return t
+
+    kw = dict(tokenizer=env["tok"], fingerprint=model_fingerprint(env["target"]), path=str(env["corpus"]),
+              seq_len=64, n_train=6, n_val=1, teacher_dtype="float32", topk=4, cache_dir=str(tmp_path / "t"),
+              shard_size=2)
+    dm = DraftDataModule(teacher=factory, **kw)
+    dm.prepare_data()
+    dm.setup()
+    assert len(made) == 1 and made[0].calls == 7  # 6 train + 1 val sequences, batch 1
+    first = dm.datasets["train"].targets
+    # greedy targets are the target's argmax at every position
+    with torch.no_grad():
+        expect = made[0].model(dm.splits["train"][:1].long()).logits.argmax(-1)
+    assert torch.equal(first["targets"][:1].long(), expect)
+
+    dm2 = DraftDataModule(teacher=factory, **kw)
+    dm2.prepare_data()
+    dm2.setup()
+    assert len(made) == 1 and dm2.computed_shards == 0  # the target is never built nor called again
+    assert torch.equal(dm2.datasets["train"].targets["targets"], first["targets"])
+
+    dm2.caches["train"].shard_path(1).unlink()  # a run killed mid-way: only the missing shard reruns
+    dm3 = DraftDataModule(teacher=factory, **kw)
+    dm3.prepare_data()
+    assert dm3.computed_shards == 1 and made[-1].calls == 2
+    # a different setting is a different cache key
+    dm4 = DraftDataModule(teacher=factory, **{**kw, "topk": 2})
+    dm4.prepare_data()
+    assert dm4.computed_shards > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# train.py through Hydra compose, resume, export -> engine
+# ---------------------------------------------------------------------------------------------
+
+
+def test_compose_fast_dev_run_and_configs(env, tmp_path):
+    out = tmp_path / "fdr"
+    res = run_train(overrides(env, out, "trainer.fast_dev_run=true", "budget=multi", "budget.values=[16,32]"))
+    assert res["trainer"].global_step == 1
+    assert (out / "drafter" / "config.json").is_file()
+    for group in ("budget=single", "budget=full", "drafter=small", "trainer=ddp", "trainer=fsdp", "logger=wandb",
+                  "loss=ce", "budget.ratios=[0.25,0.5]"):
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose("train", overrides=[group])
+        assert cfg.trainer._target_.endswith("Trainer")
+
+
+def test_ddp_config_runs_as_one_cpu_process(env, tmp_path):
+    res = run_train(overrides(env, tmp_path / "ddp", "trainer=ddp", "trainer.fast_dev_run=true",
+                              "trainer.precision=32-true", "export=false"))
+    assert res["trainer"].global_step == 1
+    assert type(res["trainer"].strategy).__name__ == "DDPStrategy"
+
+
+def test_train_resume_export_and_speculative_round_trip(env, tmp_path):
+    out = tmp_path / "run"
+    res = run_train(overrides(env, out, "trainer.max_steps=2", "trainer.val_check_interval=2"))
+    assert res["trainer"].global_step == 2
+    assert res["summary"]["teacher_shards_computed"] > 0
+    assert "val/acc_B16" in res["metrics"] and "val/acc_full" in res["metrics"]
+    last = out / "checkpoints" / "last.ckpt"
+    assert last.is_file() and list((out / "checkpoints").glob("best-*.ckpt"))
+    assert (out / "csv" / "metrics.csv").is_file()
+    export = out / "drafter"
+    assert latest_drafter_path() == export.resolve()
+
+    # resume: continues at step 2, runs exactly 2 more; teacher targets come from the cache
+    res2 = run_train(overrides(env, tmp_path / "run2", f"ckpt_path={last}", "trainer.max_steps=4",
+                               "trainer.val_check_interval=2"))
+    assert res2["trainer"].global_step == 4 and res2["module"].train_steps_run == 2
+    assert res2["summary"]["teacher_shards_computed"] == 0
+    assert latest_drafter_path() == (tmp_path / "run2" / "drafter").resolve()
+
+    # export -> speculative decoding with a sparse view: greedy output identical to AR
+    drafter = AutoModelForCausalLM.from_pretrained(export).eval()
+    assert drafter.config.num_hidden_layers == 2
+    target = CausalLM(env["target"])
+    prompt = env["tok"](_text(7, 80))["input_ids"][:70]
+    ar = SpeculativeEngine(target).generate(prompt, 24)
+    spec = SpeculativeEngine(target, ModelDrafter(CausalLM(drafter), StreamingView(budget=16, k_sink=4)),
+                             FixedK(3)).generate(prompt, 24)
+    assert spec.output_ids == ar.output_ids
+    assert spec.drafted > 0
