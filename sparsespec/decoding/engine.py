@@ -143,8 +143,9 @@ class SpeculativeEngine:
         state.tokens.extend([*draft[:n_acc], nxt])
         res.verify_s += verify_s
         res.verify_steps += 1
-        if proposal is not None:
+        if drafter is not None:  # also after a verify-only step: the index saw its query
             drafter.accepted(state, n_acc)
+        if proposal is not None:
             res.draft_s += proposal.seconds
             res.draft_steps += proposal.steps
             res.drafted += len(draft)
