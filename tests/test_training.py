@@ -315,3 +315,17 @@ def test_train_resume_export_and_speculative_round_trip(env, tmp_path):
                              FixedK(3)).generate(prompt, 24)
     assert spec.output_ids == ar.output_ids
     assert spec.drafted > 0
+
+
+def test_loss_group_matches_the_parts():
+    torch.manual_seed(0)
+    full, sp = torch.randn(5, 7), torch.randn(5, 7, requires_grad=True)
+    tgt = torch.randint(0, 7, (5,))
+    lf = losses.BudgetDraftLoss(ce=1.0, acc=0.5, sparse_ce=2.0, kl=0.25, sparse_acc=1.0, depth=3)
+    f = lf.full(full, tgt)
+    assert torch.allclose(f["ce"], losses.ce(full, tgt))
+    assert torch.allclose(f["acc"], 0.5 * losses.acceptance_loss(full, tgt, depth=3))
+    s = lf.sparse(sp, full, tgt)
+    assert torch.allclose(s["sparse_ce"], 2.0 * losses.ce(sp, tgt))
+    assert torch.allclose(s["kl"], 0.25 * losses.kl(full, sp))
+    assert torch.allclose(s["sparse_acc"], losses.acceptance_loss(sp, tgt, depth=3))
