@@ -44,6 +44,20 @@ def _loggers(cfg: DictConfig) -> list[Any] | bool:
     return out or False
 
 
+def _trainer_cfg(cfg: DictConfig) -> DictConfig:
+    """Lightning's FSDPStrategy refuses a CPU accelerator. With one CPU process there is nothing to
+    shard anyway, so trainer=fsdp falls back to the single-device strategy there (logged), and the
+    same config shards across GPUs when they exist."""
+    tcfg = cfg.trainer
+    strategy = tcfg.get("strategy")
+    is_fsdp = "fsdp" in str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy).lower()
+    if is_fsdp and not torch.cuda.is_available():
+        log.warning("trainer=fsdp: Lightning's FSDP needs CUDA; no GPU here, so running one CPU process "
+                    "with strategy=auto (nothing to shard with one process)")
+        tcfg = OmegaConf.merge(tcfg, {"strategy": "auto", "accelerator": "cpu"})
+    return tcfg
+
+
 def _metrics(trainer: L.Trainer) -> dict[str, float]:
     return {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
 
@@ -71,7 +85,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),
                                optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=_loggers(cfg),
+    trainer: L.Trainer = instantiate(_trainer_cfg(cfg), callbacks=callbacks, logger=_loggers(cfg),
                                      default_root_dir=str(out_dir))
 
     untrained = None
