@@ -80,7 +80,7 @@ def test_engine_sampling_matches_target_marginals():
     sampling = Sampling(temperature=1.0)
     exact = exact_marginals(target, prompt, steps, sampling)
     draft_exact = exact_marginals(drafter, prompt, steps, sampling)
-    assert max(tv(a, b) for a, b in zip(exact, draft_exact)) > 0.15  # the test has power
+    assert max(tv(a, b) for a, b in zip(exact, draft_exact, strict=True)) > 0.15  # the test has power
     for make in (lambda: ModelDrafter(drafter), lambda: SelfDrafter(StreamingView(budget=6, k_sink=1))):
         counts = torch.zeros(steps, V)
         for seed in range(n):

@@ -76,7 +76,7 @@ class SpeculativeEngine:
         self,
         prompt_ids: list[int],
         max_new_tokens: int,
-        sampling: Sampling = Sampling(),
+        sampling: Sampling | None = None,
         seed: int = 0,
         eos_token_ids: tuple[int, ...] = (),
         progress: Callable[[int], None] | None = None,
@@ -85,6 +85,7 @@ class SpeculativeEngine:
             raise ValueError(f"gen.max_new_tokens must be positive, got {max_new_tokens}")
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to condition on")
+        sampling = sampling or Sampling()
         gen = torch.Generator().manual_seed(seed)
         target, drafter = self.target, self.drafter
         cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)

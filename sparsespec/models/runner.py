@@ -134,7 +134,7 @@ class CausalLM:
             bounds[-2] = max(bounds[-3], n - capture.last)
             bounds = sorted(set(bounds))
         out = None
-        for start, end in zip(bounds[:-1], bounds[1:]):
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             block = ids[start:end]
             last = end == n
             total = cache.length + block.shape[0]
