@@ -1,16 +1,32 @@
-"""Typed config schemas, registered with Hydra's ConfigStore by the entry points.
+"""Typed config schemas and the validation both entry points run before any model loads.
 
-A misspelt key, a wrong type or a value outside its range fails while the config is composed or
-validated, before any model loads, with a message naming the key.
+A misspelt key, a wrong type or a value outside its range fails while the config is composed
+(the method schema, via ConfigStore) or validated (`validate_evaluate_config`,
+`validate_train_config`), before any model loads, with a `ConfigError` naming the key and the
+values it accepts. docs/reliability.md lists the rules.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparsespec.eval.methods import MethodConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
+
+
+class ConfigError(ValueError):
+    """A config key that cannot work: the message names the key and what it accepts."""
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate.py
 
 
 @dataclass
@@ -37,6 +53,7 @@ class GenConfig:
     top_p: float = 1.0
     seed: int = 0
     stop_at_eos: bool = False  # off by default so every method decodes the same number of tokens
+    use_task_length: bool = False  # decode min(max_new_tokens, the benchmark's own answer length)
 
 
 @dataclass
@@ -55,6 +72,148 @@ class RuntimeConfig:
     memory_guard: bool = True
 
 
+@dataclass
+class EvaluateConfig:
+    """conf/evaluate.yaml (the method node is checked by MethodConfig and Method)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: Any = None
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    ctx: Any = "4k"
+    limit: int | None = 1
+    baseline: str | None = "ar"
+    out_dir: str = "outputs/evaluate"
+    gen: GenConfig = field(default_factory=GenConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# train.py
+
+
+@dataclass
+class TrainModelConfig:
+    path: str | None = None
+    dtype: str = "float32"
+
+
+@dataclass
+class TeacherConfig:
+    dtype: str = "bfloat16"
+    topk: int = 8
+    batch_size: int = 1
+    cache_dir: str | None = None
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5.0e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+
+
+@dataclass
+class TrainDrafterConfig:
+    _target_: str = "sparsespec.training.drafters.build_drafter"
+    kind: str = "truncated"
+    path: str | None = None
+    n_layers: int = 2
+    freeze_embeddings: bool = True
+    hidden_size: int = 256  # drafter=small only
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    intermediate_size: int = 768
+    seed: int = 0
+
+
+@dataclass
+class BudgetConfig:
+    _target_: str = "sparsespec.training.budgets.BudgetSampler"
+    mode: str = "multi"
+    values: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    ratios: list[float] | None = None
+    probs: list[float] | None = None
+    n_views: int = 1
+    k_sink: int = 16
+    eval_values: list[int] = field(default_factory=lambda: [256, 512, 1024])
+
+
+@dataclass
+class LossConfig:
+    _target_: str = "sparsespec.training.losses.BudgetDraftLoss"
+    ce: float = 1.0
+    acc: float = 1.0
+    sparse_ce: float = 1.0
+    sparse_acc: float = 0.0
+    kl: float = 1.0
+    depth: int = 4
+
+
+@dataclass
+class DataConfig:
+    _target_: str = "sparsespec.training.data.DraftDataModule"
+    path: str | None = None
+    seq_len: int = 2048
+    n_train: int = 96
+    n_val: int = 4
+    offset: float = 0.02
+    batch_size: int = 1
+    num_workers: int = 0
+    shard_size: int = 16
+
+
+@dataclass
+class TrainerConfig:
+    """The trainer keys conf/trainer/*.yaml sets, typed. Any other Lightning Trainer argument is
+    accepted as is (checked against Trainer's signature)."""
+
+    _target_: str = "lightning.pytorch.Trainer"
+    accelerator: Any = "auto"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: Any = "auto"
+    precision: Any = "bf16-mixed"
+    max_steps: int = 120
+    max_epochs: int | None = -1
+    gradient_clip_val: float | None = 1.0
+    accumulate_grad_batches: int = 1
+    val_check_interval: Any = 40
+    check_val_every_n_epoch: int | None = None
+    log_every_n_steps: int = 10
+    num_sanity_val_steps: int = 0
+    fast_dev_run: Any = False
+    enable_progress_bar: bool = True
+    deterministic: Any = False
+    limit_val_batches: Any = 1.0
+    limit_train_batches: Any = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """conf/train.yaml after composition (callbacks and loggers are Lightning's own configs)."""
+
+    seed: int = 0
+    out_dir: str = "outputs/train"
+    ckpt_path: str | None = None
+    threads: int | None = None
+    export: bool = True
+    update_latest: bool = True
+    eval_untrained: bool = True
+    model: TrainModelConfig = field(default_factory=TrainModelConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    callbacks: dict[str, Any] | None = field(default_factory=dict)
+    drafter: TrainDrafterConfig = field(default_factory=TrainDrafterConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: Any = None  # TrainerConfig + any Trainer argument: see _check_trainer
+    logger: Any = None
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
@@ -62,6 +221,220 @@ def register_configs() -> None:
     cs.store(group="method", name="base_method", node=MethodConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
+    cs.store(name="base_evaluate", node=EvaluateConfig)
+    cs.store(name="base_train", node=TrainConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def _close(word: str, allowed: list[str]) -> str:
+    near = difflib.get_close_matches(str(word), [str(a) for a in allowed], n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def check_schema(cfg: Any, schema: type, prefix: str = "") -> None:
+    """Raise ConfigError unless `cfg` fits the dataclass `schema`: every key known, every value of
+    the declared type. Interpolations are left unresolved (checked when used)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    base = OmegaConf.structured(schema)
+    try:
+        OmegaConf.merge(base, cfg)
+    except ConfigKeyError as e:
+        key = str(e.full_key or e.key)
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        node = OmegaConf.select(base, parent) if parent else base
+        allowed = [str(k) for k in node.keys()] if node is not None and hasattr(node, "keys") else []
+        leaf = key.rsplit(".", 1)[-1]
+        raise ConfigError(f"{prefix}{key} is not a config key{_close(leaf, allowed)}; "
+                          f"the keys of {prefix}{parent or 'the config'} are: {', '.join(allowed)}") from None
+    except OmegaConfBaseException as e:
+        key = str(e.full_key or e.key)
+        what = str(e.msg).splitlines()[0] if e.msg else str(e).splitlines()[0]
+        raise ConfigError(f"{prefix}{key}={e.value!r} has the wrong type: {what}") from None
+
+
+def _num(key: str, value: Any, kind: type = float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r} has the wrong type: expected {'an integer' if kind is int else 'a number'}")
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{key}=nan is not a number")
+    return value
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is out of range: allowed {allowed}")
+
+
+def _positive(key: str, value: Any, kind: type = int) -> None:
+    _require(_num(key, value, kind) > 0, key, value, "values > 0")
+
+
+def _non_negative(key: str, value: Any, kind: type = float) -> None:
+    _require(_num(key, value, kind) >= 0, key, value, "values >= 0")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed{_close(str(value), list(allowed))}: "
+                          f"use one of {', '.join(map(str, allowed))}")
+
+
+def _plain(cfg: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig | ListConfig):
+        return OmegaConf.to_container(cfg, resolve=False)
+    return cfg
+
+
+def check_method(mc: Any) -> Any:
+    """A composed method node -> the validated `Method` (no model is touched)."""
+    from sparsespec.eval.methods import Method, MethodConfigError
+
+    check_schema(mc, MethodConfig, "method.")
+    kw = {k: v for k, v in _plain(mc).items() if k != "_target_"}
+    try:
+        return Method(**kw)
+    except MethodConfigError as e:
+        raise ConfigError(str(e)) from None
+    except TypeError as e:  # a value of the wrong kind reaching the dataclass
+        raise ConfigError(f"method {kw.get('name')}: {e}") from None
+
+
+def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> None:
+    """Everything evaluate.py can check without a model. Raises ConfigError."""
+    check_schema(cfg, EvaluateConfig)
+    for mc in method_cfgs if method_cfgs is not None else [cfg.method]:
+        check_method(mc)
+    _choice("model.dtype", cfg.model.dtype, DTYPES)
+    rs = cfg.model.get("rope_scaling")
+    if rs is not None and not hasattr(rs, "keys"):
+        _choice("model.rope_scaling", str(rs).lower(), ROPE_SCALING)
+    if cfg.drafter.dtype is not None:
+        _choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
+    from sparsespec.data.registry import LOADERS
+
+    _choice("dataset.name", cfg.dataset.name, tuple(LOADERS))
+    g = cfg.gen
+    _positive("gen.max_new_tokens", g.max_new_tokens, int)
+    _require(_num("gen.temperature", g.temperature) >= 0, "gen.temperature", g.temperature,
+             ">= 0 (0 = greedy, > 0 = sampling)")
+    _require(0 < _num("gen.top_p", g.top_p) <= 1, "gen.top_p", g.top_p, "(0, 1]")
+    try:
+        parse_ctx(cfg.ctx)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.limit is not None:
+        _positive("limit", cfg.limit, int)
+    _choice("baseline", cfg.baseline, ("ar", None))
+    r = cfg.runtime
+    if r.threads is not None:
+        _positive("runtime.threads", r.threads, int)
+    _positive("runtime.prefill_chunk", r.prefill_chunk, int)
+    _positive("runtime.repeats", r.repeats, int)
+
+
+def _check_trainer(tc: Any) -> None:
+    import inspect
+
+    import lightning as L
+
+    known = {f for f in TrainerConfig.__dataclass_fields__}
+    allowed = [p for p in inspect.signature(L.Trainer.__init__).parameters if p not in ("self",)]
+    plain = _plain(tc) or {}
+    for key in plain:
+        if key not in known and key not in allowed:
+            raise ConfigError(f"trainer.{key} is not a Lightning Trainer argument{_close(key, allowed)}; "
+                              f"allowed: {', '.join(allowed)}")
+    check_schema({k: v for k, v in plain.items() if k in known}, TrainerConfig, "trainer.")
+    steps = plain.get("max_steps", -1)
+    _require(_num("trainer.max_steps", steps, int) == -1 or steps > 0, "trainer.max_steps", steps,
+             "a positive number of optimizer steps, or -1 (use max_epochs)")
+    if "accumulate_grad_batches" in plain:
+        _positive("trainer.accumulate_grad_batches", plain["accumulate_grad_batches"], int)
+    if "log_every_n_steps" in plain:
+        _positive("trainer.log_every_n_steps", plain["log_every_n_steps"], int)
+    if plain.get("gradient_clip_val") is not None:
+        _non_negative("trainer.gradient_clip_val", plain["gradient_clip_val"])
+    vci = plain.get("val_check_interval")
+    if vci is not None:
+        _require(_num("trainer.val_check_interval", vci) > 0, "trainer.val_check_interval", vci,
+                 "a positive number of steps (int) or a share of an epoch (float in (0, 1])")
+    if "precision" in plain:
+        from typing import get_args
+
+        from lightning.fabric.plugins.precision.precision import (
+            _PRECISION_INPUT_INT,
+            _PRECISION_INPUT_STR,
+            _PRECISION_INPUT_STR_ALIAS,
+        )
+
+        options = [*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS), *get_args(_PRECISION_INPUT_INT)]
+        p = plain["precision"]
+        _choice("trainer.precision", p if isinstance(p, int) and not isinstance(p, bool) else str(p), options)
+
+
+def validate_train_config(cfg: Any) -> None:
+    """Everything train.py can check without a model. Raises ConfigError."""
+    check_schema(cfg, TrainConfig)
+    if cfg.get("threads") is not None:
+        _positive("threads", cfg.threads, int)
+    _choice("model.dtype", cfg.model.dtype, DTYPES)
+    t = cfg.teacher
+    _choice("teacher.dtype", t.dtype, DTYPES)
+    _non_negative("teacher.topk", t.topk, int)
+    _positive("teacher.batch_size", t.batch_size, int)
+    o = cfg.optim
+    _positive("optim.lr", o.lr, float)
+    _non_negative("optim.weight_decay", o.weight_decay)
+    _require(0 <= _num("optim.warmup_ratio", o.warmup_ratio) <= 1, "optim.warmup_ratio", o.warmup_ratio, "[0, 1]")
+    _require(0 <= _num("optim.min_lr_ratio", o.min_lr_ratio) <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "[0, 1]")
+    betas = list(o.betas)
+    _require(len(betas) == 2 and all(0 <= _num("optim.betas", b) < 1 for b in betas), "optim.betas", betas,
+             "two values in [0, 1)")
+
+    d = cfg.drafter
+    if not d.get("path"):
+        _choice("drafter.kind", d.get("kind", "truncated"), ("truncated", "small"))
+    elif not Path(str(d.path)).expanduser().exists():
+        raise ConfigError(f"drafter.path={d.path} does not exist: pass a Hugging Face model directory")
+    for key in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "intermediate_size"):
+        if d.get(key) is not None:
+            _positive(f"drafter.{key}", d[key], int)
+
+    data = cfg.data
+    for key in ("seq_len", "n_train", "n_val", "batch_size", "shard_size"):
+        _positive(f"data.{key}", data[key], int)
+    _non_negative("data.num_workers", data.num_workers, int)
+    _require(0 <= _num("data.offset", data.offset) < 1, "data.offset", data.offset,
+             "[0, 1): the share of each document's characters to skip")
+    if data.path is not None and not Path(str(data.path)).expanduser().exists():
+        raise ConfigError(f"data.path={data.path} does not exist: pass a .txt/.jsonl/.json/.parquet file or a "
+                          "directory of them (null: the shipped PG-19 books)")
+
+    from sparsespec.training.budgets import BudgetSampler
+    from sparsespec.training.losses import BudgetDraftLoss
+
+    for key, cls in (("budget", BudgetSampler), ("loss", BudgetDraftLoss)):
+        kw = {k: v for k, v in _plain(cfg[key]).items() if k != "_target_"}
+        try:
+            cls(**kw)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if cfg.budget.mode != "full" and cfg.budget.k_sink + 1 >= data.seq_len:
+        raise ConfigError(f"budget.k_sink={cfg.budget.k_sink} leaves no sparse view of a data.seq_len="
+                          f"{data.seq_len} sequence: allowed k_sink < seq_len - 1")
+
+    _check_trainer(cfg.trainer)
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None and not Path(str(ckpt)).expanduser().is_file():
+        raise ConfigError(f"ckpt_path={ckpt} is not a file: pass out_dir/checkpoints/last.ckpt of an earlier run "
+                          "(or ckpt_path=null to start fresh)")
 
 
 _CTX = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")

@@ -58,16 +58,53 @@ class Method(MethodConfig):
                                     ("controller", self.controller, CONTROLLERS)):
             if value not in allowed:
                 raise MethodConfigError(f"method.{key}={value!r} is not one of {', '.join(allowed)}")
+        self._check_ranges()
         if self.drafter != "none":
-            if int(self.k) <= 0:
-                raise MethodConfigError(f"method.k must be a positive draft length, got {self.k}")
-            self.make_view()  # validates budget / ratio / k_sink / k_recent
+            self.make_view()  # validates budget / ratio / k_sink / k_recent together
             self.make_controller()
         if self.view in ("snapkv", "recall") and self.drafter == "model":
             raise MethodConfigError(
                 f"method.view={self.view} scores the target's verification attention; it works with "
                 "method.drafter=self. Small-model drafters take view=streaming or full."
             )
+
+    def _check_ranges(self) -> None:
+        """Every numeric key, whichever parts this method uses (a sweep sets them for all methods)."""
+
+        def bad(key: str, allowed: str) -> MethodConfigError:
+            return MethodConfigError(f"method.{key}={getattr(self, key)!r} is out of range: allowed {allowed}")
+
+        def is_num(v) -> bool:
+            return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # not nan
+
+        for key in ("k", "window", "k_sink") + (("budget",) if self.budget is not None else ()) + (
+                ("k_recent",) if self.k_recent is not None else ()):
+            if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
+                raise MethodConfigError(f"method.{key}={getattr(self, key)!r} has the wrong type: expected an integer")
+        if self.k <= 0:
+            raise bad("k", "a positive draft length (>= 1)")
+        if self.window <= 0:
+            raise bad("window", "a positive number of verification queries (>= 1)")
+        if self.k_sink < 0:
+            raise bad("k_sink", "values >= 0")
+        if self.k_recent is not None and self.k_recent < 0:
+            raise bad("k_recent", "values >= 0 (or null)")
+        if self.ratio is not None and not (is_num(self.ratio) and 0 < self.ratio <= 1):
+            raise bad("ratio", "(0, 1]: the share of the context the view keeps (or null with method.budget)")
+        if self.budget is not None:
+            floor = self.k_sink + (self.k_recent or 0)
+            if self.budget <= 0 or self.budget < floor:
+                raise bad("budget", f"a number of tokens >= k_sink + k_recent = {floor} (or null with method.ratio)")
+        if not self.candidates or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0
+                                      for c in self.candidates):
+            raise bad("candidates", "a non-empty list of positive draft lengths")
+        if not (is_num(self.beta) and 0 <= self.beta < 1):
+            raise bad("beta", "[0, 1)")
+        for key in ("h_acc_init", "h_rej_init"):
+            if not (is_num(getattr(self, key)) and getattr(self, key) >= 0):
+                raise bad(key, "an entropy in nats >= 0")
+        if not (is_num(self.gamma_init) and self.gamma_init > 0):
+            raise bad("gamma_init", "a cost ratio > 0")
 
     @property
     def speculative(self) -> bool:

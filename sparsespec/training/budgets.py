@@ -50,8 +50,31 @@ class BudgetSampler:
     def __post_init__(self) -> None:
         if self.mode not in ("multi", "single", "full"):
             raise ValueError(f"budget.mode={self.mode!r}: use multi, single or full")
-        if self.probs is not None and len(self.probs) != len(self.ratios or self.values):
-            raise ValueError("budget.probs needs one probability per budget value/ratio")
+        if self.k_sink < 0:
+            raise ValueError(f"budget.k_sink={self.k_sink}: allowed values >= 0")
+        for b in self.values or []:
+            if b <= self.k_sink:
+                raise ValueError(f"budget.values={list(self.values)}: every budget must be > budget.k_sink="
+                                 f"{self.k_sink} (tokens kept per view, sinks included)")
+        for b in self.eval_values or []:
+            if b <= self.k_sink:
+                raise ValueError(f"budget.eval_values={list(self.eval_values)}: every budget must be > "
+                                 f"budget.k_sink={self.k_sink}")
+        for r in self.ratios or []:
+            if not 0 < r <= 1:
+                raise ValueError(f"budget.ratios={list(self.ratios)}: every ratio must be in (0, 1]")
+        if self.mode != "full" and not (self.ratios or self.values):
+            raise ValueError(f"budget.mode={self.mode} needs budget.values (tokens) or budget.ratios (shares)")
+        if self.mode != "full" and self.n_views < 1:
+            raise ValueError(f"budget.n_views={self.n_views}: allowed values >= 1 (sparse branches per step)")
+        if self.probs is not None:
+            probs = list(self.probs)
+            if len(probs) != len(self.ratios or self.values):
+                raise ValueError(f"budget.probs={probs} needs one probability per budget value/ratio "
+                                 f"({len(self.ratios or self.values)})")
+            if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+                raise ValueError(f"budget.probs={probs}: probabilities must be >= 0 and sum to 1 "
+                                 f"(they sum to {sum(probs):.6g})")
         self._told: set[int] = set()  # seq_lens whose dropped budgets were already logged
 
     def candidates(self, seq_len: int) -> tuple[list[int], list[float]]:

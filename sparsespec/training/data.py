@@ -22,7 +22,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from sparsespec.training.teacher import Teacher, TeacherCache, cache_key
+from sparsespec.training.teacher import Teacher, TeacherCache, TeacherCacheError, cache_key
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,59 @@ class TeacherDataset(Dataset):
         return item
 
 
+class ResumableLoader:
+    """The training batches: a fresh permutation per epoch from (seed, epoch) alone, and a position
+    that travels with Lightning checkpoints (Lightning saves `state_dict()` of a stateful train
+    loader in the checkpoint and loads it back on resume), so a run resumed from last.ckpt draws
+    exactly the batches an uninterrupted run would have drawn, mid-epoch included.
+
+    Not a DataLoader subclass on purpose: Lightning then leaves its sampler alone. Under DDP each
+    rank takes every world_size-th index of the shared permutation (as DistributedSampler would).
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int = 0, num_workers: int = 0,
+                 rank: int = 0, world_size: int = 1, drop_last: bool = True):
+        self.dataset, self.batch_size, self.seed = dataset, int(batch_size), int(seed)
+        self.num_workers, self.rank, self.world_size = int(num_workers), int(rank), max(int(world_size), 1)
+        self.drop_last = drop_last
+        self.epoch = 0  # the epoch the next (or current) iteration draws from
+        self.consumed = 0  # batches of that epoch already handed out
+
+    def _per_rank(self) -> int:
+        n = len(self.dataset) // self.world_size
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __len__(self) -> int:
+        return self._per_rank()
+
+    def order(self, epoch: int) -> list[int]:
+        """This rank's sample indices for `epoch` (a pure function of seed and epoch)."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(self.dataset), generator=g).tolist()
+        n = len(self.dataset) // self.world_size * self.world_size
+        return perm[:n][self.rank :: self.world_size]
+
+    def __iter__(self):
+        if self.consumed >= len(self):  # the saved position was the end of an epoch
+            self.epoch, self.consumed = self.epoch + 1, 0
+        idx = self.order(self.epoch)[self.consumed * self.batch_size :]
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=idx, num_workers=self.num_workers,
+                            drop_last=self.drop_last)
+        for batch in loader:
+            self.consumed += 1
+            yield batch
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if int(state.get("seed", self.seed)) != self.seed:
+            log.warning("resuming with seed=%d but the checkpoint drew batches with seed=%s: the data order "
+                        "continues with the new seed", self.seed, state.get("seed"))
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
 class DraftDataModule(L.LightningDataModule):
     """Sequences (train: train docs; val: held-out docs) with cached full-cache teacher targets.
 
@@ -91,12 +144,13 @@ class DraftDataModule(L.LightningDataModule):
                  fingerprint: str = "", path: str | None = None, seq_len: int = 2048, n_train: int = 96,
                  n_val: int = 4, offset: float = 0.02, batch_size: int = 1, num_workers: int = 0,
                  teacher_dtype: str = "bfloat16", topk: int = 8, cache_dir: str | None = None,
-                 shard_size: int = 16):
+                 shard_size: int = 16, seed: int = 0):
         super().__init__()
         self.tokenizer, self.teacher, self.fingerprint = tokenizer, teacher, fingerprint
         self.path, self.seq_len, self.n_train, self.n_val = path, int(seq_len), int(n_train), int(n_val)
         self.offset, self.batch_size, self.num_workers = float(offset), int(batch_size), int(num_workers)
         self.teacher_dtype, self.topk, self.shard_size = str(teacher_dtype), int(topk), int(shard_size)
+        self.seed = int(seed)
         from sparsespec.models.embedded import cache_root
 
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root() / "teacher"
@@ -143,11 +197,20 @@ class DraftDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         for name, ids in self._sequences().items():
             if name not in self.datasets:
-                self.datasets[name] = TeacherDataset(ids, self.caches[name].load())
+                cache = self.caches[name]
+                try:
+                    targets = cache.load(seq_len=ids.shape[1])
+                except TeacherCacheError as e:  # damaged since prepare_data: recompute, never read it
+                    log.warning("%s; rebuilding", e)
+                    self.computed_shards += cache.build(ids, self._get_teacher, {"split": name})
+                    targets = cache.load(seq_len=ids.shape[1])
+                self.datasets[name] = TeacherDataset(ids, targets)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["train"], batch_size=self.batch_size, shuffle=True,
-                          num_workers=self.num_workers, drop_last=True)
+    def train_dataloader(self) -> ResumableLoader:
+        trainer = getattr(self, "trainer", None)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return ResumableLoader(self.datasets["train"], self.batch_size, seed=self.seed,
+                               num_workers=self.num_workers, rank=rank, world_size=world)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.datasets["val"], batch_size=1, num_workers=self.num_workers)

@@ -94,6 +94,17 @@ class BudgetDraftLoss:
     kl: float = 1.0
     depth: int = 4  # draft length k the survival weights assume
 
+    def __post_init__(self) -> None:
+        weights = {"ce": self.ce, "acc": self.acc, "sparse_ce": self.sparse_ce, "sparse_acc": self.sparse_acc,
+                   "kl": self.kl}
+        for key, w in weights.items():
+            if not w >= 0:  # also rejects nan
+                raise ValueError(f"loss.{key}={w}: loss weights must be >= 0")
+        if sum(weights.values()) <= 0:
+            raise ValueError(f"loss weights {weights} are all 0: nothing to train (set at least one > 0)")
+        if self.depth < 1:
+            raise ValueError(f"loss.depth={self.depth}: allowed values >= 1 (the draft length k)")
+
     # one log_softmax per branch, shared by its losses: each pass over [n, 49k] costs ~0.3 s on CPU
     def full(self, logits, targets, topk_idx=None, topk_logp=None) -> dict[str, torch.Tensor]:
         logp = F.log_softmax(logits.float(), dim=-1)

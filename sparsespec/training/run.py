@@ -20,6 +20,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from sparsespec.config import ConfigError, validate_train_config
 from sparsespec.training.export import export_drafter
 from sparsespec.training.module import BudgetDraftModule
 from sparsespec.training.teacher import Teacher, model_fingerprint
@@ -62,8 +63,32 @@ def _metrics(trainer: L.Trainer) -> dict[str, float]:
     return {k: round(float(v), 5) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith("val/")}
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Run one training job; returns trainer, module, datamodule, export dir and metrics."""
+def check_drafter_tokenizer(cfg: DictConfig) -> None:
+    """drafter.path=DIR must speak the target's token ids: compare the two tokenizers (cheap: no
+    weights load). A directory without tokenizer files is left to the vocabulary-size check."""
+    path = cfg.drafter.get("path")
+    if not path:
+        return
+    from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_tokenizer
+
+    try:
+        theirs = load_tokenizer(path)
+    except ModelLoadError as e:
+        log.warning("drafter.path=%s: %s; checking its vocabulary size only", path, e)
+        return
+    try:
+        check_same_tokenizer(load_tokenizer(cfg.model.get("path")), theirs, what=f"drafter.path={path}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, Any]:
+    """Run one training job; returns trainer, module, datamodule, export dir and metrics.
+
+    The config is validated first (sparsespec.config.validate_train_config: a ConfigError naming
+    the key, before any model loads). `callbacks`: extra Lightning callbacks (tests record steps)."""
+    validate_train_config(cfg)
+    check_drafter_tokenizer(cfg)
     t_start = time.perf_counter()
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -81,10 +106,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     tcfg = cfg.teacher
     teacher_factory = lambda: Teacher(target, tcfg.dtype, tcfg.topk, tcfg.batch_size)  # noqa: E731
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, teacher=teacher_factory, fingerprint=fingerprint,
-                             teacher_dtype=tcfg.dtype, topk=tcfg.topk, cache_dir=tcfg.get("cache_dir"))
+                             teacher_dtype=tcfg.dtype, topk=tcfg.topk, cache_dir=tcfg.get("cache_dir"),
+                             seed=int(cfg.seed))
     module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),
                                optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed))
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None] + list(callbacks or [])
     trainer: L.Trainer = instantiate(_trainer_cfg(cfg), callbacks=callbacks, logger=_loggers(cfg),
                                      default_root_dir=str(out_dir))
 

@@ -7,6 +7,11 @@ They are cached on disk so epochs, resumed runs and sweeps never rerun the targe
 key hashes the model fingerprint, the token ids of all sequences and the teacher settings. Every
 file is written to a temporary name and renamed into place, so a killed run leaves only whole
 shards behind and the next run resumes from the first missing one.
+
+Each shard also has a `shard_NNNNN.sha256` sidecar, written after the shard is in place. A shard
+is only used when its bytes match it (and its tensors have the expected shape): a shard truncated
+or damaged after the fact (a full disk, a partial copy, a shard renamed in without its checksum)
+is detected, logged and recomputed by the next build, never read.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-shard sha256 sidecars
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -66,10 +71,31 @@ class Teacher:
         return out
 
 
-def _atomic_save(obj, path: Path) -> None:
+class TeacherCacheError(RuntimeError):
+    """A cached shard that fails its checksum or shape check."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_save(obj, path: Path) -> str:
+    """torch.save to a temporary name, rename into place; returns the file's sha256."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(obj, tmp)
+    digest = _sha256(tmp)
     os.replace(tmp, path)
+    return digest
 
 
 class TeacherCache:
@@ -86,8 +112,25 @@ class TeacherCache:
     def shard_path(self, i: int) -> Path:
         return self.dir / f"shard_{i:05d}.pt"
 
+    def checksum_path(self, i: int) -> Path:
+        return self.dir / f"shard_{i:05d}.sha256"
+
+    def rows(self, i: int) -> int:
+        return min(self.shard_size, self.n - i * self.shard_size)
+
+    def verify(self, i: int) -> str | None:
+        """None if shard i is present and matches its checksum, else what is wrong with it."""
+        path, sums = self.shard_path(i), self.checksum_path(i)
+        if not path.is_file():
+            return "missing"
+        if not sums.is_file():
+            return "no checksum (written by an interrupted run or an older version)"
+        if _sha256(path) != sums.read_text().strip():
+            return "checksum mismatch (truncated or damaged)"
+        return None
+
     def complete(self) -> bool:
-        return (self.dir / "meta.json").is_file() and all(self.shard_path(i).is_file() for i in range(self.n_shards))
+        return (self.dir / "meta.json").is_file() and all(self.verify(i) is None for i in range(self.n_shards))
 
     def build(self, sequences: torch.Tensor, teacher: Callable[[], Teacher], meta: dict | None = None) -> int:
         """Compute the missing shards; `teacher` is a factory so a complete cache never even builds
@@ -95,7 +138,16 @@ class TeacherCache:
         if self.complete():
             return 0
         self.dir.mkdir(parents=True, exist_ok=True)
-        todo = [i for i in range(self.n_shards) if not self.shard_path(i).is_file()]
+        todo = []
+        for i in range(self.n_shards):
+            problem = self.verify(i)
+            if problem is None:
+                continue
+            if problem != "missing":
+                log.warning("teacher shard %s: %s; recomputing it", self.shard_path(i), problem)
+                self.shard_path(i).unlink(missing_ok=True)
+                self.checksum_path(i).unlink(missing_ok=True)
+            todo.append(i)
         log.info("teacher targets: %d/%d shards to compute in %s", len(todo), self.n_shards, self.dir)
         t = teacher()
         t0 = time.perf_counter()
@@ -105,15 +157,28 @@ class TeacherCache:
             for j in range(0, rows.shape[0], t.batch_size):
                 parts.append(t(rows[j : j + t.batch_size].long()))
             shard = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            _atomic_save(shard, self.shard_path(i))
+            digest = _atomic_save(shard, self.shard_path(i))
+            _atomic_write_text(self.checksum_path(i), digest + "\n")
             log.info("teacher shard %d/%d done (%.0f s)", i + 1, self.n_shards, time.perf_counter() - t0)
         info = {"n": self.n, "shard_size": self.shard_size, "seq_len": int(sequences.shape[1]),
                 "seconds": round(time.perf_counter() - t0, 1), **(meta or {})}
-        tmp = self.dir / f".meta.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(info, indent=1))
-        os.replace(tmp, self.dir / "meta.json")
+        _atomic_write_text(self.dir / "meta.json", json.dumps(info, indent=1))
         return len(todo)
 
-    def load(self) -> dict[str, torch.Tensor]:
-        shards = [torch.load(self.shard_path(i), weights_only=True) for i in range(self.n_shards)]
+    def load(self, seq_len: int | None = None) -> dict[str, torch.Tensor]:
+        """All shards, each verified against its checksum and shape; TeacherCacheError otherwise."""
+        shards = []
+        for i in range(self.n_shards):
+            problem = self.verify(i)
+            if problem is not None:
+                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: {problem}")
+            try:
+                shard = torch.load(self.shard_path(i), weights_only=True)
+            except Exception as e:  # a damaged zip that still matches a (damaged) checksum file
+                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: unreadable ({e})") from e
+            t = shard.get("targets") if isinstance(shard, dict) else None
+            if t is None or t.shape[0] != self.rows(i) or (seq_len is not None and t.shape[1] != seq_len):
+                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: unexpected contents "
+                                        f"(want {self.rows(i)} rows of {seq_len} targets)")
+            shards.append(shard)
         return {k: torch.cat([s[k] for s in shards]) for k in shards[0]}
