@@ -2,7 +2,8 @@
 
 Thin entry point: compose the config (several methods with `method=[ar,magicdec,sparsespec_l]`),
 instantiate each method, hand over to sparsespec.eval.harness. Bad input exits non-zero with a
-message naming the key or file, before any result file is written.
+message naming the key or file, before any result file is written. With `logger=wandb` the finished
+out_dir is logged to W&B by sparsespec.tracking.log_evaluation.
 """
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ def main(cfg: DictConfig) -> None:
     from sparsespec.eval.harness import EvaluationError, run_evaluation
 
     try:
-        run_evaluation(cfg, method_configs(cfg))
+        out_dir = run_evaluation(cfg, method_configs(cfg))
     except EvaluationError as e:
         log.error("%s", e)
         sys.exit(2)
+    if cfg.get("logger"):  # logger=wandb: log out_dir's files to a W&B run (offline unless configured)
+        from sparsespec.tracking import log_evaluation
+
+        log_evaluation(cfg, out_dir)
 
 
 if __name__ == "__main__":
