@@ -48,6 +48,28 @@ def test_attend_equals_reference(n, total, hq, hkv):
     torch.testing.assert_close(probs, ref_p, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 4), (8, 1)])
+def test_fast_attention_equals_reference_path(dtype, hq, hkv):
+    """The split prefix/block path (LSE merge) equals the masked reference for q = 1..k+1 new
+    tokens and prefill-sized blocks, over cache slices that are views of a larger buffer."""
+    from sparsespec.models.attention import _attend_reference
+
+    torch.manual_seed(1)
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for total in (21, 300, 1500):
+        kbuf, vbuf = torch.randn(hkv, total + 40, 64, dtype=dtype), torch.randn(hkv, total + 40, 64, dtype=dtype)
+        k, v = kbuf[:, :total], vbuf[:, :total]  # strided like KVCache.write's return
+        for n in (1, 2, 5, 9, 17, 21, 65, 130):
+            if n > total:
+                continue
+            q = torch.randn(hq, n, 64, dtype=dtype)
+            fast, _ = attend(q, k, v, 0.125)
+            ref = _attend_reference(q.float(), k.float(), v.float(), 0.125, None)
+            assert fast.dtype == dtype and fast.shape == (hq, n, 64)
+            torch.testing.assert_close(fast.float(), ref, **tol, msg=f"total={total} n={n}")
+
+
 def test_cache_crop_and_gather():
     c = KVCache(2, 2, 4, capacity=2)
     for t in range(6):
