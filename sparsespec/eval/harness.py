@@ -1,16 +1,22 @@
 """The shared evaluation harness: every method on the same samples, in one process.
 
 Order of work is chosen so that bad input fails before anything is written: validate methods, gen
-and ctx; load the model; load the samples; load the drafter; check memory; only then create
-out_dir and start appending result lines.
+and ctx; check that a resumed out_dir holds results of the same run; load the model; load the
+samples; load the drafter; check memory; only then create out_dir and start appending result lines.
+
+Within a sample, `ar` runs first so every other method's row gets its paired speedup and its
+token-identity check against AR as soon as it is written. A rerun with the same out_dir skips the
+(sample, method) pairs already in results.jsonl (see results.py for the line-atomic writes).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
@@ -19,18 +25,21 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec.config import parse_ctx
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method, MethodConfigError
-from sparsespec.eval.results import ResultsFile, write_atomic
+from sparsespec.eval.results import ResultsFile, read_rows, write_atomic
 from sparsespec.eval.summary import to_markdown, write_reports
 from sparsespec.models.runner import CausalLM
 
 log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"  # what every row of out_dir/results.jsonl was produced under (checked on resume)
 
 
 class EvaluationError(ValueError):
     """Bad input: the message names the key or file and the fix."""
 
 
-def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[Method]:
+def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[tuple[Method, dict]]:
+    """(method, its config as a plain dict) per requested method; `ar` first when it takes part."""
     methods = []
     for mc in method_cfgs:
         try:
@@ -38,15 +47,82 @@ def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[M
         except Exception as e:  # instantiate wraps the dataclass' ValueError
             cause = e.__cause__ if isinstance(e.__cause__, MethodConfigError) else e
             raise EvaluationError(f"method {mc.get('name')}: {cause}") from e
-        methods.append(m)
-    names = [m.name for m in methods]
+        methods.append((m, _method_dict(mc)))
+    names = [m.name for m, _ in methods]
     if len(set(names)) != len(names):
-        raise EvaluationError(f"method list {names} names a method twice")
+        raise EvaluationError(f"method list {names} names a method twice; list each method once")
     if baseline not in (None, "ar"):
         raise EvaluationError(f"baseline={baseline!r}: use baseline=ar or baseline=null")
     if baseline == "ar" and "ar" not in names:
-        methods.insert(0, Method(name="ar"))
+        ar = Method(name="ar")
+        methods.insert(0, (ar, _method_dict(OmegaConf.structured(ar))))
+    # AR first: the paired speedup and the identity check need its row.
+    methods.sort(key=lambda pair: pair[0].name != "ar")
     return methods
+
+
+def _method_dict(mc: Any) -> dict:
+    d = OmegaConf.to_container(mc, resolve=True) if OmegaConf.is_config(mc) else dict(mc)
+    d.pop("_target_", None)
+    return d
+
+
+def run_fingerprint(cfg: DictConfig, ctx: int) -> dict:
+    """The settings every row of one out_dir must share (methods and limit may change on resume)."""
+    return {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "ctx": ctx,
+        "gen": OmegaConf.to_container(cfg.gen, resolve=True),
+        "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
+    }
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}={old!r} before, {new!r} now"]
+
+
+def check_resume(out_dir: Path, fingerprint: dict, methods: list[tuple[Method, dict]]) -> None:
+    """Refuse to mix results of different settings in one out_dir (before anything is written)."""
+    rows = read_rows(out_dir / "results.jsonl")
+    if not rows:
+        return
+    fix = f"use a new out_dir, or delete {out_dir / 'results.jsonl'} to start over"
+    run_file = out_dir / RUN_FILE
+    if run_file.exists():
+        try:
+            old = json.loads(run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if old is not None and old != fingerprint:
+            diff = _diff(old, fingerprint)
+            raise EvaluationError(
+                f"out_dir={out_dir} holds results of a different run ({'; '.join(diff[:4])}): resuming would mix "
+                f"them; {fix}")
+    for m, conf in methods:
+        old = next((r.get("method_config") for r in rows if r.get("method") == m.name and r.get("method_config")), None)
+        if old is not None and old != conf:
+            raise EvaluationError(
+                f"out_dir={out_dir} holds {m.name} results with other method settings "
+                f"({'; '.join(_diff(old, conf, 'method.')[:4])}); {fix}")
+
+
+def _validate(cfg: DictConfig, method_cfgs: list[DictConfig] | None) -> None:
+    """sparsespec.config's schema and range checks (a misspelt key, a wrong type, a value out of range)."""
+    from sparsespec.config import ConfigError, validate_evaluate_config
+
+    # `logger` (the experiment-logger group, read by evaluate.py after the run) is not part of the
+    # schema yet; everything else is checked.
+    checked = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "logger"]) if "logger" in cfg else cfg
+    try:
+        validate_evaluate_config(checked, method_cfgs)
+    except ConfigError as e:
+        raise EvaluationError(str(e)) from e
 
 
 def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None) -> Path:
@@ -54,6 +130,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_model
 
     # -- validate everything that needs no model ----------------------------------------------------
+    _validate(cfg, method_cfgs)
     methods = build_methods(method_cfgs or [cfg.method], cfg.baseline)
     try:
         ctx = parse_ctx(cfg.ctx)
@@ -64,13 +141,22 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
         raise EvaluationError(f"gen.max_new_tokens must be positive, got {cfg.gen.max_new_tokens}")
     if cfg.limit is not None and int(cfg.limit) <= 0:
         raise EvaluationError(f"limit must be a positive number of samples or null, got {cfg.limit}")
+    if int(cfg.runtime.repeats) <= 0:
+        raise EvaluationError(f"runtime.repeats must be a positive number of runs, got {cfg.runtime.repeats}")
+    if int(cfg.runtime.prefill_chunk) <= 0:
+        raise EvaluationError(f"runtime.prefill_chunk must be a positive number of tokens, got {cfg.runtime.prefill_chunk}")
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EvaluationError(f"out_dir={out_dir} is a file; pass a directory")
+    fingerprint = run_fingerprint(cfg, ctx)
+    check_resume(out_dir, fingerprint, methods)
     torch.set_num_threads(int(cfg.runtime.threads or os.cpu_count() or 1))
     max_new = int(cfg.gen.max_new_tokens)
 
     # -- model, samples, drafter ----------------------------------------------------------------------
     try:
         loaded = load_model(cfg.model.path, cfg.model.dtype, ctx=ctx + max_new, rope_scaling=cfg.model.rope_scaling)
-    except ModelLoadError as e:
+    except (ModelLoadError, ValueError) as e:
         raise EvaluationError(str(e)) from e
     target = CausalLM(loaded.model)
     tokenizer = loaded.tokenizer
@@ -79,39 +165,50 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
         samples = load_samples(d.name, tokenizer, ctx, path=d.path, task=d.task, limit=cfg.limit,
                                split=d.split, seed=int(cfg.gen.seed), use_chat_template=d.use_chat_template,
                                **dict(d.options or {}))
-    except (DatasetError, FileNotFoundError) as e:
+    except DatasetError as e:
         raise EvaluationError(str(e)) from e
+    except OSError as e:  # a file that exists but cannot be read (permissions, a device, ...)
+        raise EvaluationError(f"dataset.path={d.path}: cannot be read ({e}); pass a readable file or directory") from e
     if not samples:
-        raise EvaluationError(f"dataset={d.name} gave no sample at ctx={ctx}")
+        raise EvaluationError(f"dataset={d.name} gave no sample at ctx={ctx}; check dataset.path / dataset.task")
     drafter_model = None
-    if any(m.drafter == "model" for m in methods):
-        drafter_model = _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelLoadError)
+    if any(m.drafter == "model" for m, _ in methods):
+        drafter_model = _load_drafter(cfg, [m for m, _ in methods], loaded, load_model, check_same_tokenizer,
+                                      ModelLoadError)
 
     from sparsespec.eval.memory import check_memory
 
     if cfg.runtime.memory_guard:
-        check_memory(target, ctx + max_new, methods, drafter_model, cfg.runtime.prefill_chunk, EvaluationError)
+        check_memory(target, ctx + max_new, [m for m, _ in methods], drafter_model, cfg.runtime.prefill_chunk,
+                     EvaluationError)
 
     # -- run ------------------------------------------------------------------------------------------
-    out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
     results = ResultsFile(out_dir / "results.jsonl")
     eos = tuple(_eos_ids(tokenizer)) if cfg.gen.stop_at_eos else ()
     chunk = int(cfg.runtime.prefill_chunk)
-    if cfg.runtime.warmup:
-        _warmup(methods, target, drafter_model, samples[0].prompt_ids, chunk)
+    pairs = [(s, m, conf) for s in samples for m, conf in methods]
+    todo = [p for p in pairs if results.done(p[0].sample_id, p[1].name) is None]
+    if len(todo) < len(pairs):
+        log.info("resuming in %s: %d of %d (sample, method) pairs are done", out_dir, len(pairs) - len(todo), len(pairs))
+    if cfg.runtime.warmup and todo:
+        _warmup([m for m, _ in methods], target, drafter_model, samples[0].prompt_ids, chunk)
 
     from tqdm.auto import tqdm
 
-    pairs = [(s, m) for s in samples for m in methods]
-    bar = tqdm(pairs, desc="evaluate", disable=not cfg.runtime.progress, unit="run")
-    for sample, method in bar:
+    progress = bool(cfg.runtime.progress)
+    bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc="evaluate", disable=not progress, unit="run")
+    for sample, method, conf in todo:
         bar.set_postfix_str(f"{sample.sample_id} {method.name}")
-        if results.done(sample.sample_id, method.name):
-            continue
-        row = _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos, chunk)
+        n_new = max_new
+        if cfg.gen.get("use_task_length") and sample.max_new_tokens:
+            n_new = min(max_new, int(sample.max_new_tokens))
+        row = _run_one(method, sample, target, drafter_model, n_new, sampling, cfg, eos, chunk,
+                       progress and sample.prompt_tokens > 2 * chunk)
         row["ctx"] = ctx
+        row["method_config"] = conf
         ar_row = results.done(sample.sample_id, "ar")
         if ar_row is not None and method.name != "ar":
             row["speedup"] = ar_row["wall_s"] / row["wall_s"] if row["wall_s"] > 0 else None
@@ -122,25 +219,40 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
         row["text"] = text
         row["score"] = score(sample, text) if sample.answers else None
         results.append(row)
+        bar.update(1)
         if row.get("exact_match_ar") is False:
             log.error("%s on %s is NOT identical to ar: a correctness bug", method.name, sample.sample_id)
+    bar.close()
     reports = write_reports(results.rows, out_dir)
     print(to_markdown(reports["summary"]))
     print(f"results: {out_dir / 'results.jsonl'}")
     return out_dir
 
 
-def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos, chunk) -> dict:
+def _prefill_bar(n_tokens: int, label: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_tokens, desc=f"prefill {label}", unit="tok", leave=False)
+
+
+def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos, chunk, show_prefill=False) -> dict:
     runs = []
     for rep in range(max(int(cfg.runtime.repeats), 1)):
         engine = method.build(target, drafter_model, chunk)
-        res = engine.generate(sample.prompt_ids, max_new, sampling, seed=int(cfg.gen.seed), eos_token_ids=eos)
+        bar = _prefill_bar(sample.prompt_tokens, method.name) if show_prefill else None
+        try:
+            res = engine.generate(sample.prompt_ids, max_new, sampling, seed=int(cfg.gen.seed), eos_token_ids=eos,
+                                  progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
         runs.append(res)
         if rep and res.output_ids != runs[0].output_ids and sampling.greedy:
             log.error("%s gave different greedy outputs across repeats", method.name)
     res = runs[0]
     walls = [r.wall_s for r in runs]
     wall = statistics.fmean(walls)
+    sparse = method.speculative and method.view != "full"
     row = {
         "sample_id": sample.sample_id,
         "dataset": sample.dataset,
@@ -165,6 +277,10 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
         "repeats": len(runs),
         "temperature": sampling.temperature,
         "seed": int(cfg.gen.seed),
+        "view": method.view if method.speculative else None,
+        "controller": method.controller if method.speculative else None,
+        # the KV budget the drafter saw at this prompt (tokens per KV head), for acceptance-vs-budget
+        "budget_tokens": min(method.make_view().budget_for(res.prompt_tokens), res.prompt_tokens) if sparse else None,
     }
     if method.speculative and res.rounds:
         k_mean = res.drafted / len(res.rounds)
@@ -204,7 +320,8 @@ def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelL
         raise EvaluationError(str(e)) from e
     model = CausalLM(drafter.model)
     if model.vocab_size < CausalLM(loaded.model).vocab_size:
-        raise EvaluationError(f"drafter.path={path} has a smaller vocabulary than the target")
+        raise EvaluationError(f"drafter.path={path} has a smaller vocabulary than the target; use a drafter "
+                              "from the target's model family")
     return model
 
 

@@ -1,17 +1,36 @@
-"""Summaries of results.jsonl: per method x dataset x ctx, mean ± std, as JSON, Markdown and plots."""
+"""Summaries of results.jsonl: per method x dataset x ctx, mean ± std, as JSON, Markdown and plots.
+
+A group is (dataset, task, ctx, method, variant). The variant names the method settings that differ
+between rows of the same method name, which only happens when a report joins runs of one method at
+several settings (`scripts/report.py RUN1/results.jsonl RUN2/results.jsonl`, e.g. a budget
+sweep); within one run every method has one setting and the variant is empty.
+
+Plots (PNG, written next to the summary):
+
+* speedup_vs_ctx.png: paired speedup over `ar` (mean ± std over samples) against ctx, per method;
+* acceptance_vs_ctx.png: acceptance rate α against ctx, per method;
+* acceptance_vs_budget.png: α against the drafter's KV budget in tokens (sparse views only);
+* accepted_hist.png: how many drafted tokens each verification round kept, per method.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from sparsespec.eval.results import write_atomic
+from sparsespec.eval.results import read_rows, write_atomic
+
+log = logging.getLogger(__name__)
 
 METRICS = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
-           "predicted_speedup", "prefill_s", "wall_s", "score", "exact_match_ar")
+           "predicted_speedup", "prefill_s", "wall_s", "score", "exact_match_ar", "budget_tokens", "prompt_tokens",
+           "new_tokens")
+PLOTS = ("speedup_vs_ctx.png", "acceptance_vs_ctx.png", "acceptance_vs_budget.png", "accepted_hist.png")
+_NOT_VARIANT = ("name", "_target_")
 
 
 def _stats(values: list) -> dict | None:
@@ -22,13 +41,46 @@ def _stats(values: list) -> dict | None:
             "n": len(vals)}
 
 
+def _short(v) -> str:
+    return json.dumps(v, separators=(",", ":")) if isinstance(v, list | dict) else str(v)
+
+
+def variants(rows: list[dict]) -> list[str]:
+    """Per row, the method settings that differ from other rows of the same method ("" if none)."""
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_method[r["method"]].append(r.get("method_config") or {})
+    varying: dict[str, list[str]] = {}
+    for method, confs in by_method.items():
+        keys = sorted({k for c in confs for k in c} - set(_NOT_VARIANT))
+        varying[method] = [k for k in keys if len({_short(c.get(k)) for c in confs}) > 1]
+    return [" ".join(f"{k}={_short((r.get('method_config') or {}).get(k))}" for k in varying[r["method"]])
+            for r in rows]
+
+
+def ctx_label(ctx) -> str:
+    """4096 -> '4k' (k = 1024 tokens, as in the ctx labels); other numbers as they are."""
+    if isinstance(ctx, int) and ctx >= 1024 and ctx % 1024 == 0:
+        return f"{ctx // 1024}k"
+    return str(ctx)
+
+
+def method_label(entry: dict) -> str:
+    return f"{entry['method']} ({entry['variant']})" if entry.get("variant") else entry["method"]
+
+
+def dataset_label(entry: dict) -> str:
+    return f"{entry['dataset']}/{entry['task']}" if entry.get("task") else str(entry["dataset"])
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        groups[(r["method"], r["dataset"], r["ctx"])].append(r)
+    for r, variant in zip(rows, variants(rows), strict=True):
+        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"], r["method"] != "ar", r["method"], variant)].append(r)
     out = []
-    for (method, dataset, ctx), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        entry = {"method": method, "dataset": dataset, "ctx": ctx, "n": len(rs)}
+    for (dataset, task, ctx, _, method, variant), rs in sorted(groups.items(), key=lambda kv: kv[0]):
+        entry = {"method": method, "variant": variant, "dataset": dataset, "task": task or None, "ctx": ctx,
+                 "n": len(rs)}
         for m in METRICS:
             entry[m] = _stats([r.get(m) for r in rs])
         out.append(entry)
@@ -48,7 +100,7 @@ def to_markdown(summary: list[dict]) -> str:
     lines = []
     for e in summary:
         lines.append(
-            f"| {e['method']} | {e['dataset']} | {e['ctx']} | {e['n']} | {_fmt(e['tokens_per_s'])} "
+            f"| {method_label(e)} | {dataset_label(e)} | {ctx_label(e['ctx'])} | {e['n']} | {_fmt(e['tokens_per_s'])} "
             f"| {_fmt(e['speedup'])} | {_fmt(e['acceptance_rate'])} | {_fmt(e['mean_accepted_tokens'])} "
             f"| {_fmt(e['gamma'], 3)} | {_fmt(e['k_mean'], 1)} | {_fmt(e['predicted_speedup'])} "
             f"| {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
@@ -58,11 +110,99 @@ def to_markdown(summary: list[dict]) -> str:
 
 def write_reports(rows: list[dict], out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
-    write_atomic(out_dir / "summary.md", to_markdown(summary))
+    note = ("mean ± std over samples; speedup: paired ar wall_s / method wall_s (decoding after prefill); "
+            "α: accepted / drafted; τ: tokens per verification round; γ: draft step / verify step time; "
+            "identical to ar: share of greedy outputs token-identical to ar\n\n")
+    write_atomic(out_dir / "summary.md", note + to_markdown(summary))
     plot_paths = write_plots(rows, summary, out_dir)
     return {"summary": summary, "plots": plot_paths}
+
+
+# ---------------------------------------------------------------------------------------------
+# rebuilding a report from several results files (scripts/report.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _row_key(r: dict) -> str:
+    return json.dumps([r.get("sample_id"), r.get("dataset"), r.get("task"), r.get("ctx"), r.get("method"),
+                       r.get("method_config"), r.get("temperature"), r.get("seed"), r.get("new_tokens")],
+                      sort_keys=True, default=str)
+
+
+def load_results(paths: list[str | Path]) -> list[dict]:
+    """Rows of one or more results.jsonl files (a directory means its results.jsonl).
+
+    A row found in two files (same sample, method, settings) counts once: the later file wins,
+    so passing a run twice, or a run and its copy, does not inflate n.
+    """
+    rows: dict[str, dict] = {}
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            p = p / "results.jsonl"
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such results file (pass RUN/results.jsonl or the run directory)")
+        got = read_rows(p)
+        bad = [r for r in got if not isinstance(r, dict) or "method" not in r or "sample_id" not in r or "ctx" not in r]
+        if bad:
+            raise ValueError(f"{p}: {len(bad)} line(s) are not result rows (no sample_id/method/ctx)")
+        dup = 0
+        for r in got:
+            key = _row_key(r)
+            dup += key in rows
+            rows[key] = r
+        if dup:
+            log.warning("%s: %d row(s) repeat rows of an earlier file; the later ones are kept", p, dup)
+    return list(rows.values())
+
+
+def build_report(paths: list[str | Path], out_dir: str | Path) -> dict:
+    rows = load_results(paths)
+    if not rows:
+        raise ValueError(f"no result rows in {', '.join(map(str, paths))}")
+    return write_reports(rows, out_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _series(summary: list[dict], metric: str) -> dict[str, list[dict]]:
+    """method label -> entries with `metric`, sorted by ctx (one line per method and dataset)."""
+    datasets = {dataset_label(e) for e in summary}
+    out: dict[str, list[dict]] = defaultdict(list)
+    for e in summary:
+        if e["method"] == "ar" or e[metric] is None:
+            continue
+        label = method_label(e) + (f" · {dataset_label(e)}" if len(datasets) > 1 else "")
+        out[label].append(e)
+    return {k: sorted(v, key=lambda e: e["ctx"]) for k, v in sorted(out.items())}
+
+
+def _line_plot(plt, series: dict[str, list[dict]], x, metric: str, xlabel: str, ylabel: str, path: Path,
+               hline: float | None = None) -> str:
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, es in series.items():
+        ax.errorbar([x(e) for e in es], [e[metric]["mean"] for e in es], yerr=[e[metric]["std"] for e in es],
+                    marker="o", capsize=3, label=label)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=0.8, ls="--")
+    xs = sorted({x(e) for es in series.values() for e in es})
+    if len(xs) > 1 and xs[0] > 0 and xs[-1] / xs[0] >= 4:
+        ax.set_xscale("log", base=2)
+    if all(float(v).is_integer() and v >= 1024 and v % 1024 == 0 for v in xs):
+        ax.set_xticks(xs, [ctx_label(int(v)) for v in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
 
 
 def write_plots(rows: list[dict], summary: list[dict], out_dir: Path) -> list[str]:
@@ -72,30 +212,41 @@ def write_plots(rows: list[dict], summary: list[dict], out_dir: Path) -> list[st
     import matplotlib.pyplot as plt
 
     paths = []
-    spec = [e for e in summary if e["speedup"] is not None and e["method"] != "ar"]
-    if spec:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for method in sorted({e["method"] for e in spec}):
-            es = sorted((e for e in spec if e["method"] == method), key=lambda e: e["ctx"])
-            ax.errorbar([e["ctx"] for e in es], [e["speedup"]["mean"] for e in es],
-                        yerr=[e["speedup"]["std"] for e in es], marker="o", capsize=3, label=method)
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("speedup vs ar")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(_save(fig, out_dir / "speedup_vs_ctx.png"))
-        plt.close(fig)
-    accepted = [a for r in rows for a in r.get("accepted_per_round") or []]
-    if accepted:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for method in sorted({r["method"] for r in rows if r.get("accepted_per_round")}):
-            vals = [a for r in rows if r["method"] == method for a in r["accepted_per_round"]]
-            ax.hist(vals, bins=range(0, max(vals) + 2), alpha=0.5, label=method, align="left")
+    speed = _series(summary, "speedup")
+    if speed:
+        paths.append(_line_plot(plt, speed, lambda e: e["ctx"], "speedup", "context (tokens)", "speedup vs ar",
+                                out_dir / "speedup_vs_ctx.png", hline=1.0))
+    accept = _series(summary, "acceptance_rate")
+    if accept:
+        paths.append(_line_plot(plt, accept, lambda e: e["ctx"], "acceptance_rate", "context (tokens)",
+                                "acceptance rate α", out_dir / "acceptance_vs_ctx.png"))
+    # α against the drafter's KV budget: one point per (method, variant, dataset, ctx) group, so a
+    # budget sweep draws a curve per ctx and ratio-based views trace budget = ratio x ctx.
+    by_budget = {k: sorted((e for e in es if e["budget_tokens"] is not None), key=lambda e: e["budget_tokens"]["mean"])
+                 for k, es in _series(summary, "acceptance_rate").items()}
+    by_budget = {k: v for k, v in by_budget.items() if v}
+    if by_budget:
+        ctxs = {e["ctx"] for es in by_budget.values() for e in es}
+        if len(ctxs) > 1:  # one curve per method and ctx
+            split: dict[str, list[dict]] = defaultdict(list)
+            for k, es in by_budget.items():
+                for e in es:
+                    split[f"{k} @ {ctx_label(e['ctx'])}"].append(e)
+            by_budget = dict(sorted(split.items()))
+        paths.append(_line_plot(plt, by_budget, lambda e: e["budget_tokens"]["mean"], "acceptance_rate",
+                                "drafter KV budget (tokens)", "acceptance rate α", out_dir / "acceptance_vs_budget.png"))
+    spec_rows = [(r, v) for r, v in zip(rows, variants(rows), strict=True) if r.get("accepted_per_round")]
+    if spec_rows:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        labels = sorted({method_label({"method": r["method"], "variant": v}) for r, v in spec_rows})
+        top = max(a for r, _ in spec_rows for a in r["accepted_per_round"])
+        for label in labels:
+            vals = [a for r, v in spec_rows if method_label({"method": r["method"], "variant": v}) == label
+                    for a in r["accepted_per_round"]]
+            ax.hist(vals, bins=range(0, top + 2), alpha=0.5, label=label, align="left", density=True)
         ax.set_xlabel("draft tokens accepted per round")
-        ax.set_ylabel("rounds")
-        ax.legend(fontsize=8)
+        ax.set_ylabel("share of rounds")
+        ax.legend(fontsize=7)
         fig.tight_layout()
         paths.append(_save(fig, out_dir / "accepted_hist.png"))
         plt.close(fig)

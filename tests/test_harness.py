@@ -1,0 +1,429 @@
+"""The evaluation harness end to end: evaluate.py on a tiny random Llama saved with its tokenizer.
+
+The output contract of DESIGN.md, several methods in one run (token-identical to ar), bad input
+(non-zero exit, a message naming the key, no results file), resume (skips finished pairs, repairs a
+torn line, survives a real SIGKILL), the ctx forms, and the report rebuilt by scripts/report.py.
+evaluate.py runs in a subprocess only where the entry point itself is under test; everything else
+composes the same config with Hydra and calls run_evaluation in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from test_data import make_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sparsespec.config import parse_ctx, register_configs
+from sparsespec.eval.harness import EvaluationError, build_methods, run_evaluation
+from sparsespec.eval.results import CONTRACT_FIELDS, read_rows
+from sparsespec.eval.summary import PLOTS, build_report, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+CTX = 192
+NEW = 10
+PNG = b"\x89PNG\r\n\x1a\n"
+WORDS = ("the river ferryman crossed story question answer paragraph summary book key pass value number "
+         "sequence digits green sky blue sun yellow grass there back again special magic hidden text").split()
+
+register_configs()
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: a tiny target with its tokenizer, a drafter with another tokenizer, documents
+# ---------------------------------------------------------------------------------------------
+
+
+def _doc(seed: int, n_words: int = 820) -> str:
+    rng = random.Random(seed)
+    lines = []
+    while n_words > 0:
+        k = rng.randint(5, 12)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + f". {rng.randint(0, 999)}")
+        n_words -= k
+    return "\n".join(lines)
+
+
+def _tiny_llama(vocab: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      initializer_range=0.25, bos_token_id=0, eos_token_id=1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _other_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_doc(99)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("harness")
+    tok = make_tokenizer(chat=False)
+    model_dir = root / "target"
+    _tiny_llama(len(tok), seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    other = _other_tokenizer()
+    other_dir = root / "other_drafter"
+    _tiny_llama(len(other), seed=1).save_pretrained(other_dir)
+    other.save_pretrained(other_dir)
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(6):  # ~1.1k tokens each, so ctx=1k fits; file names sort in this order
+        (docs / f"doc{i}.txt").write_text(_doc(i), encoding="utf-8")
+    assert len(tok(_doc(0))["input_ids"]) > 1100
+    return {"root": root, "tok": tok, "model": model_dir, "other": other_dir, "docs": docs}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+
+
+def base_overrides(env, out: Path, *extra: str) -> list[str]:
+    return [f"model.path={env['model']}", "dataset=text", f"dataset.path={env['docs']}", f"ctx={CTX}",
+            f"gen.max_new_tokens={NEW}", "runtime.warmup=false", "runtime.progress=false", "runtime.threads=2",
+            f"out_dir={out}", *extra]
+
+
+def run_inproc(env, out: Path, *extra: str, methods: tuple[str, ...] | None = None) -> list[dict]:
+    """evaluate.py's work without the process: compose, one config per listed method, run."""
+    ovr = base_overrides(env, out, *extra)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("evaluate", overrides=ovr)
+        mcfgs = [compose("evaluate", overrides=[*ovr, f"method={m}"]).method for m in methods] if methods else None
+    run_evaluation(cfg, mcfgs)
+    return read_rows(out / "results.jsonl")
+
+
+def evaluate_cmd(env, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(env, out, *extra)]
+
+
+def sub_env(tmp: Path) -> dict:
+    return {**os.environ, "SPARSESPEC_CACHE": str(tmp / "cache"), "HF_DATASETS_CACHE": str(tmp / "hf_cache"),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+
+
+def run_evaluate(env, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(evaluate_cmd(env, out, *extra), cwd=ROOT, env=sub_env(out.parent), capture_output=True,
+                          text=True, timeout=300)
+
+
+def pairs(rows: list[dict]) -> list[tuple[str, str]]:
+    return [(r["sample_id"], r["method"]) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# the entry point: a method list, the output contract, the report
+# ---------------------------------------------------------------------------------------------
+
+
+def test_evaluate_method_list_output_contract(env, tmp_path):
+    out = tmp_path / "run"
+    proc = run_evaluate(env, out, "method=[ar,magicdec,sparsespec_l]", "limit=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = read_rows(out / "results.jsonl")
+    samples = ["text/doc0", "text/doc1"]
+    assert pairs(rows) == [(s, m) for s in samples for m in ("ar", "magicdec", "sparsespec_l")]
+    for r in rows:
+        assert set(CONTRACT_FIELDS) <= set(r), set(CONTRACT_FIELDS) - set(r)
+        assert r["dataset"] == "text" and r["ctx"] == CTX and r["prompt_tokens"] == CTX
+        assert r["new_tokens"] == NEW == len(r["output_ids"]) and all(isinstance(t, int) for t in r["output_ids"])
+        assert r["prefill_s"] > 0 and r["wall_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        assert r["verify_steps"] > 0
+    by = {(r["sample_id"], r["method"]): r for r in rows}
+    for s in samples:
+        ar = by[(s, "ar")]
+        assert ar["acceptance_rate"] is None and ar["mean_accepted_tokens"] is None and ar["speedup"] is None
+        assert ar["draft_steps"] == 0 and ar["verify_steps"] == NEW - 1  # the first token comes from prefill
+        for m in ("magicdec", "sparsespec_l"):
+            r = by[(s, m)]
+            assert r["output_ids"] == ar["output_ids"], f"{m} on {s} differs from ar"
+            assert 0.0 <= r["acceptance_rate"] <= 1.0 and r["mean_accepted_tokens"] >= 1.0 and r["draft_steps"] > 0
+            assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
+            assert r["exact_match_ar"] is True
+            assert 0 < r["budget_tokens"] < CTX  # a sparse view, recorded for acceptance-vs-budget
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(e["method"], e["n"], e["ctx"]) for e in summary] == [(m, 2, CTX) for m in ("ar", "magicdec", "sparsespec_l")]
+    assert summary[1]["exact_match_ar"]["mean"] == 1.0 and summary[1]["speedup"]["n"] == 2
+    md = (out / "summary.md").read_text()
+    for word in ("tokens/s", "speedup", "α", "τ", "magicdec", "sparsespec_l", "± "):
+        assert word in md
+    assert "| sparsespec_l | text | 192 | 2 |" in md
+    assert "magicdec" in proc.stdout and "results.jsonl" in proc.stdout  # the table is printed
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == PNG, name
+    assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
+
+
+def test_ar_runs_first_so_every_row_gets_its_speedup():
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        mcfgs = [compose("evaluate", overrides=[f"method={m}"]).method for m in ("magicdec", "sparsespec_l")]
+        ar_cfg = compose("evaluate", overrides=["method=ar"]).method
+    assert [m.name for m, _ in build_methods(mcfgs, "ar")] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m, _ in build_methods([*mcfgs, ar_cfg], None)] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m, _ in build_methods(mcfgs, None)] == ["magicdec", "sparsespec_l"]
+    # the implicit baseline and an explicit `method=ar` are the same method settings (resume relies on it)
+    assert build_methods(mcfgs, "ar")[0][1] == build_methods([ar_cfg], None)[0][1]
+    with pytest.raises(EvaluationError, match="twice"):
+        build_methods([mcfgs[0], mcfgs[0]], None)
+    with pytest.raises(EvaluationError, match="baseline=ar or baseline=null"):
+        build_methods(mcfgs, "magicdec")
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: non-zero exit, a message naming the key and the fix, no results file
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unknown_method_and_missing_model_exit_nonzero_without_results(env, tmp_path):
+    out = tmp_path / "unknown"
+    proc = run_evaluate(env, out, "method=nosuch")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "method/nosuch" in text and "magicdec" in text  # Hydra names the group and lists the options
+    assert not (out / "results.jsonl").exists()
+
+    out = tmp_path / "unknown_in_list"
+    proc = run_evaluate(env, out, "method=[ar,nosuch]")
+    assert proc.returncode != 0 and "method/nosuch" in proc.stdout + proc.stderr
+    assert not (out / "results.jsonl").exists()
+
+    out = tmp_path / "missing_model"
+    missing = tmp_path / "no_such_model"
+    proc = run_evaluate(env, out, f"model.path={missing}")
+    assert proc.returncode == 2  # evaluate.py's exit code for bad input
+    assert f"model.path={missing} does not exist" in proc.stdout + proc.stderr
+    assert not (out / "results.jsonl").exists() and not out.exists()
+
+
+def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
+    binary = tmp / "latin1.txt"
+    binary.write_bytes("caf\xe9 au lait ".encode("latin-1") * 50)
+    empty_dir = tmp / "empty_dir"
+    empty_dir.mkdir()
+    return {
+        "missing dataset.path": ([f"dataset.path={tmp / 'nope.txt'}"], "does not exist"),
+        "undecodable dataset.path": ([f"dataset.path={binary}"], "not valid UTF-8"),
+        "dataset.path without documents": ([f"dataset.path={empty_dir}"], "holds no"),
+        "ctx longer than the documents": (["ctx=1900"], "shorter than ctx=1900"),
+        "ctx not a length": (["ctx=lots"], "ctx='lots'"),
+        "method.budget=0": (["method=magicdec", "method.budget=0"], "method.budget=0"),
+        "method.k=0": (["method=magicdec", "method.k=0"], "method.k=0"),
+        "method.k=-3": (["method=sparsespec_l", "method.k=-3"], "method.k=-3"),
+        "drafter with another tokenizer": (["method=sd", f"drafter.path={env['other']}"],
+                                           "tokenizer differs from the target's"),
+        "small-model method without drafter": (["method=sd_sparse"], "drafter.path=DIR"),
+        "gen.max_new_tokens=0": (["gen.max_new_tokens=0"], "gen.max_new_tokens=0"),
+    }
+
+
+def test_bad_input_raises_naming_the_key_and_writes_nothing(env, tmp_path):
+    for name, (extra, message) in _bad_inputs(env, tmp_path).items():
+        out = tmp_path / name.replace(" ", "_").replace("=", "_")
+        with pytest.raises(EvaluationError) as e:
+            run_inproc(env, out, *extra)
+        assert message in str(e.value), f"{name}: {e.value}"
+        assert not (out / "results.jsonl").exists(), name
+        assert not out.exists(), f"{name}: out_dir was created before the input was checked"
+
+
+# ---------------------------------------------------------------------------------------------
+# resume
+# ---------------------------------------------------------------------------------------------
+
+
+def test_resume_skips_finished_pairs_and_repairs_a_torn_line(env, tmp_path):
+    out = tmp_path / "run"
+    first = run_inproc(env, out, "limit=2", "method=magicdec")
+    assert pairs(first) == [(f"text/doc{i}", m) for i in range(2) for m in ("ar", "magicdec")]
+
+    # the same run again: nothing to do, nothing duplicated, nothing rewritten
+    assert run_inproc(env, out, "limit=2", "method=magicdec") == first
+    # more samples: only the new pairs run; the finished lines are kept byte for byte
+    before = (out / "results.jsonl").read_bytes()
+    more = run_inproc(env, out, "limit=3", "method=magicdec")
+    assert (out / "results.jsonl").read_bytes().startswith(before)
+    assert more[:4] == first and pairs(more[4:]) == [("text/doc2", "ar"), ("text/doc2", "magicdec")]
+    # a new method in the list: only its pairs run
+    again = run_inproc(env, out, "limit=3", methods=("ar", "magicdec", "sparsespec_l"))
+    assert again[:6] == more and sorted(pairs(again[6:])) == [(f"text/doc{i}", "sparsespec_l") for i in range(3)]
+    assert all(r["speedup"] is not None for r in again if r["method"] != "ar")
+
+    # a kill mid-write leaves half a line: the rerun keeps whole lines only and redoes that pair
+    data = (out / "results.jsonl").read_bytes()
+    last_start = data.rstrip(b"\n").rfind(b"\n") + 1
+    (out / "results.jsonl").write_bytes(data[: last_start + (len(data) - last_start) // 2])
+    repaired = run_inproc(env, out, "limit=3", methods=("ar", "magicdec", "sparsespec_l"))
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines) and len(lines) == len(repaired) == 9
+    assert sorted(pairs(repaired)) == sorted(pairs(again))
+    assert repaired[:8] == again[:8]
+    assert repaired[8]["output_ids"] == again[8]["output_ids"]
+
+    # other settings into the same out_dir would mix results: refused before anything is written
+    data = (out / "results.jsonl").read_bytes()
+    with pytest.raises(EvaluationError, match="gen.max_new_tokens=10 before, 12 now"):
+        run_inproc(env, out, "limit=3", "gen.max_new_tokens=12")
+    with pytest.raises(EvaluationError, match="method.k=4 before, 6 now"):
+        run_inproc(env, out, "limit=3", "method=magicdec", "method.k=6")
+    assert (out / "results.jsonl").read_bytes() == data
+
+
+def test_rerun_after_sigkill_has_no_duplicate_and_no_missing_row(env, tmp_path):
+    out = tmp_path / "killed"
+    # 5 samples x 2 methods: the first line lands well before the end
+    extra = ("method=magicdec", "method.k=1", "limit=5", "gen.max_new_tokens=12")
+    proc = subprocess.Popen(evaluate_cmd(env, out, *extra), cwd=ROOT, env=sub_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.exists() and results.read_bytes().count(b"\n") >= 1:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "evaluate.py ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed = read_rows(results)
+    assert 1 <= len(killed) < 10
+
+    rerun = run_evaluate(env, out, *extra)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    rows = read_rows(results)
+    expected = [(f"text/doc{i}", m) for i in range(5) for m in ("ar", "magicdec")]
+    assert sorted(pairs(rows)) == sorted(expected) and len(rows) == len(expected)
+    assert rows[: len(killed)] == killed  # finished pairs were not run again
+    by = {(r["sample_id"], r["method"]): r for r in rows}
+    assert all(by[(s, "magicdec")]["output_ids"] == by[(s, "ar")]["output_ids"] for s, _ in expected)
+    assert all(by[(s, "magicdec")]["speedup"] is not None for s, _ in expected)
+    assert len(results.read_text().splitlines()) == 10
+
+
+# ---------------------------------------------------------------------------------------------
+# ctx: a label or a number of tokens, in the same key
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ctx_label_and_integer_both_compose_and_run(env, tmp_path):
+    # ctx stays a plain key: with a config group named ctx, Hydra rejects `ctx=5000` ("Config group
+    # override must be a string or a list. Got int"), which DESIGN.md's contract and sweeps need.
+    assert not (CONF / "ctx").exists()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        assert [parse_ctx(compose("evaluate", overrides=[f"ctx={v}"]).ctx) for v in ("64k", "5000", "1k", "128k")] == \
+            [65536, 5000, 1024, 131072]
+    rows = run_inproc(env, tmp_path / "label", "ctx=1k", "limit=1", "baseline=null", "method=magicdec")
+    assert [(r["ctx"], r["prompt_tokens"]) for r in rows] == [(1024, 1024)]
+    rows = run_inproc(env, tmp_path / "int", "ctx=300", "limit=1", "baseline=null", "method=ar")
+    assert [(r["ctx"], r["prompt_tokens"]) for r in rows] == [(300, 300)]
+
+
+# ---------------------------------------------------------------------------------------------
+# task scores and the report
+# ---------------------------------------------------------------------------------------------
+
+
+def test_task_scores_match_ar_when_outputs_do(env, tmp_path):
+    out = tmp_path / "passkey"
+    rows = run_inproc(env, out, "dataset=infinitebench", "dataset.task=passkey", "dataset.path=null", "ctx=256",
+                      "limit=2", "method=magicdec", "gen.use_task_length=true")
+    assert pairs(rows) == [(f"infinitebench/passkey/{i:04d}", m) for i in range(2) for m in ("ar", "magicdec")]
+    assert {r["new_tokens"] for r in rows} == {6}  # InfiniteBench's passkey length, under gen.max_new_tokens=10
+    for ar, md in zip(rows[::2], rows[1::2], strict=True):
+        assert ar["score"] in (0.0, 1.0) and md["score"] == ar["score"] and md["output_ids"] == ar["output_ids"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(e["dataset"], e["task"], e["score"]["n"]) for e in summary] == [("infinitebench", "passkey", 2)] * 2
+    assert summary[0]["score"]["mean"] == summary[1]["score"]["mean"]
+    assert "infinitebench/passkey" in (out / "summary.md").read_text()
+
+
+def _row(sample: str, method: str, ctx: int, wall: float, alpha=None, budget=None, conf=None, accepted=None) -> dict:
+    r = {"sample_id": sample, "dataset": "pg19", "task": None, "method": method, "ctx": ctx, "prompt_tokens": ctx,
+         "new_tokens": 8, "output_ids": list(range(8)), "prefill_s": 0.5, "wall_s": wall, "tokens_per_s": 8 / wall,
+         "acceptance_rate": alpha, "mean_accepted_tokens": None if alpha is None else 1 + 4 * alpha,
+         "draft_steps": 0 if alpha is None else 12, "verify_steps": 7 if alpha is None else 3, "speedup": None,
+         "budget_tokens": budget, "method_config": conf or {"name": method}, "temperature": 0.0, "seed": 0,
+         "exact_match_ar": True, "score": None}
+    if accepted is not None:
+        r["accepted_per_round"] = accepted
+    return r
+
+
+def test_report_script_rebuilds_summary_and_plots_from_several_runs(tmp_path):
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    rows1, rows2 = [], []
+    for ctx, rows in ((1024, rows1), (2048, rows2)):
+        for s, ar_wall in (("a", 2.0), ("b", 4.0)):
+            rows.append(_row(s, "ar", ctx, ar_wall))
+            for budget, wall, alpha in ((64, 1.0, 0.5), (128, 0.5, 0.75)):
+                r = _row(s, "magicdec", ctx, wall * ar_wall / 2, alpha, budget,
+                         {"name": "magicdec", "k": 4, "budget": budget}, accepted=[0, 4, 2])
+                r["speedup"] = ar_wall / r["wall_s"]
+                rows.append(r)
+    for d, rows in ((run1, rows1), (run2, rows2)):
+        d.mkdir()
+        (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"sample_id": "torn')
+    out = tmp_path / "report"
+    # run1 twice (a file and its directory): its rows count once
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), str(run1 / "results.jsonl"),
+                           str(run2 / "results.jsonl"), str(run1), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    got = {(e["ctx"], e["method"], e["variant"]): e for e in summary}
+    assert sorted(got) == [(c, m, v) for c in (1024, 2048) for m, v in
+                           (("ar", ""), ("magicdec", "budget=128"), ("magicdec", "budget=64"))]
+    e = got[(1024, "magicdec", "budget=64")]
+    assert e["n"] == 2 and e["speedup"]["mean"] == pytest.approx(2.0) and e["speedup"]["std"] == 0.0
+    assert e["acceptance_rate"]["mean"] == 0.5 and e["budget_tokens"]["mean"] == 64
+    assert e["tokens_per_s"]["mean"] == pytest.approx((8 / 1.0 + 8 / 2.0) / 2)  # walls 1.0 and 2.0
+    assert e["tokens_per_s"]["std"] == pytest.approx(8 ** 0.5)  # sample std of (8, 4)
+    assert got[(2048, "magicdec", "budget=128")]["speedup"]["mean"] == pytest.approx(4.0)
+    assert got[(1024, "ar", "")]["n"] == 2 and got[(1024, "ar", "")]["speedup"] is None
+    md = (out / "summary.md").read_text()
+    assert "| magicdec (budget=64) | pg19 | 1k | 2 | 6.00 ± 2.83 | 2.00 ± 0.00 | 0.50 ± 0.00 |" in md
+    assert "magicdec (budget=128)" in proc.stdout
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == PNG, name
+
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), str(tmp_path / "none.jsonl"),
+                          "--out", str(tmp_path / "r2")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such results file" in bad.stderr
+
+
+def test_build_report_in_process_matches_summarize(tmp_path):
+    rows = [_row("a", "ar", 4096, 2.0), _row("a", "magicdec", 4096, 1.0, 0.5, 400, accepted=[1, 1])]
+    rows[1]["speedup"] = 2.0
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = build_report([tmp_path], tmp_path / "out")
+    assert report["summary"] == summarize(rows)
+    assert [Path(p).name for p in report["plots"]] == list(PLOTS)
+    assert "| magicdec | pg19 | 4k | 1 |" in (tmp_path / "out" / "summary.md").read_text()
