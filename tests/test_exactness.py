@@ -80,3 +80,20 @@ def test_eos_stops_like_ar():
     assert ar.output_ids == ar_full.output_ids[:stop]
     res = SpeculativeEngine(target, SelfDrafter(FullView()), FixedK(6)).generate(prompt, 30, eos_token_ids=(eos,))
     assert res.output_ids == ar.output_ids
+
+
+def test_reused_prefilled_cache_gives_the_same_generation():
+    """A cache prefilled once and cropped back serves many runs (benchmarks): same tokens, same
+    acceptance as a fresh prefill, for AR and for views that capture prefill attention."""
+    target = tiny_lm("llama")
+    prompt = random_prompt(150, seed=4)
+    shared = target.new_cache(len(prompt) + 64)
+    target.prefill(torch.tensor(prompt[:-20]), shared)
+    for make in (lambda: None, lambda: SelfDrafter(RecallIndex(ratio=0.2, k_sink=2, k_recent=4, window=8))):
+        fresh = SpeculativeEngine(target, make(), FixedK(3)).generate(prompt, 30)
+        for _ in range(2):
+            reused = SpeculativeEngine(target, make(), FixedK(3)).generate(prompt, 30, cache=shared)
+            shared.crop(len(prompt) - 20)
+            assert reused.output_ids == fresh.output_ids and reused.accepted == fresh.accepted
+    with pytest.raises(ValueError, match="fewer tokens"):
+        SpeculativeEngine(target).generate(prompt[:10], 5, cache=shared)

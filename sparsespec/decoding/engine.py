@@ -22,6 +22,7 @@ from sparsespec.decoding.controllers import FixedK, RoundStats
 from sparsespec.decoding.drafters import DecodeState
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_greedy, accept_speculative
+from sparsespec.kv.cache import KVCache
 from sparsespec.models.runner import CausalLM
 
 
@@ -80,7 +81,15 @@ class SpeculativeEngine:
         seed: int = 0,
         eos_token_ids: tuple[int, ...] = (),
         progress: Callable[[int], None] | None = None,
+        cache: KVCache | None = None,
     ) -> GenerationResult:
+        """Decode up to max_new_tokens after prompt_ids.
+
+        cache: optionally a target cache that already holds the first `cache.length` tokens of this
+        prompt (fewer than all of them: the last prompt tokens are always run here, so a view's
+        prefill capture sees real queries). Benchmarks use it to prefill a long prompt once for many
+        runs; on return the cache holds the generated tokens too, `cache.crop` restores it.
+        """
         if max_new_tokens <= 0:
             raise ValueError(f"gen.max_new_tokens must be positive, got {max_new_tokens}")
         if not prompt_ids:
@@ -88,11 +97,15 @@ class SpeculativeEngine:
         sampling = sampling or Sampling()
         gen = torch.Generator().manual_seed(seed)
         target, drafter = self.target, self.drafter
-        cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)
+        if cache is None:
+            cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)
+        done = cache.length
+        if not 0 <= done < len(prompt_ids):
+            raise ValueError(f"a reused cache must hold fewer tokens ({done}) than the prompt ({len(prompt_ids)})")
 
         t0 = time.perf_counter()
         capture = drafter.prefill_capture() if drafter else None
-        logits = target.prefill(torch.tensor(prompt_ids), cache, self.prefill_chunk, capture=capture,
+        logits = target.prefill(torch.tensor(prompt_ids[done:]), cache, self.prefill_chunk, capture=capture,
                                 progress=progress)[-1]
         first, _ = sampling.sample(logits, gen)
         state = DecodeState(target, cache, list(prompt_ids) + [first], len(prompt_ids))
