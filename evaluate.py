@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> None:
     except EvaluationError as e:
         log.error("%s", e)
         sys.exit(2)
-    if cfg.get("logger"):  # logger=wandb: log out_dir's files to a W&B run (offline unless configured)
+    if (cfg.get("logger") or {}).get("wandb"):  # logger=wandb: out_dir's files to a W&B run (offline by default)
         from sparsespec.tracking import log_evaluation
 
         log_evaluation(cfg, out_dir)

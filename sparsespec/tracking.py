@@ -42,6 +42,7 @@ SWEEP_COMMAND = ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
 ROW_KEYS = ("sample_id", "dataset", "method", "ctx", "prompt_tokens", "new_tokens", "prefill_s", "wall_s",
             "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "draft_steps", "verify_steps",
             "speedup", "gamma", "k_mean", "predicted_speedup", "exact_match_ar", "score")
+DRAFTER_METHODS = {"budgetdraft", "sd", "sd_sparse"}
 SUMMARY_METRICS = ("speedup", "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
                    "predicted_speedup", "exact_match_ar", "score", "wall_s", "prefill_s")
 
@@ -108,9 +109,43 @@ def wandb_logger(offline: Any = "auto", save_dir: str = ".", id: str | None = No
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     config = dict(kwargs.pop("config", None) or {})
     if hydra_config and Path(hydra_config).is_file():
-        config = {**(yaml.safe_load(Path(hydra_config).read_text()) or {}), **config}
+        config = {**_load_config(hydra_config), **config}
     return WandbLogger(offline=off, save_dir=str(save_dir), id=id or os.environ.get("WANDB_RUN_ID") or None,
                        config=config or None, **kwargs)
+
+
+_NULL_LOGGER: type | None = None
+
+
+def null_logger():
+    """conf/logger/none.yaml: a Lightning logger that records nothing. Lightning's own DummyLogger
+    does not survive hydra.utils.instantiate's kwargs merge, and callbacks such as the
+    LearningRateMonitor refuse a Trainer without any logger."""
+    global _NULL_LOGGER
+    if _NULL_LOGGER is None:
+        from lightning.pytorch.loggers.logger import Logger
+
+        class NullLogger(Logger):
+            name = "none"
+            version = ""
+
+            def log_metrics(self, metrics, step=None) -> None:
+                pass
+
+            def log_hyperparams(self, params, *args, **kwargs) -> None:
+                pass
+
+        _NULL_LOGGER = NullLogger
+    return _NULL_LOGGER()
+
+
+def _load_config(path: str | os.PathLike) -> dict:
+    """A saved Hydra config (.hydra/config.yaml keeps interpolations), resolved where possible."""
+    cfg = OmegaConf.load(path)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation that only resolves inside the Hydra job (e.g. ${hydra:...})
+        return OmegaConf.to_container(cfg, resolve=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,10 +189,15 @@ def summary_scalars(summary: list[dict]) -> dict[str, float]:
 
 
 def drafter_dirs(cfg: DictConfig, rows: Iterable[dict]) -> list[Path]:
-    """The drafter directory (an exported HF model dir) the evaluation used, if any."""
-    path = OmegaConf.select(cfg, "drafter.path", default=None)
+    """The drafter directory (an exported HF model dir) the evaluation decoded with, if any: drafter.path
+    when a small-model method ran (budgetdraft, sd, sd_sparse, or any method with drafter: model), or
+    the latest export that budgetdraft falls back to."""
     methods = {r.get("method") for r in rows}
-    if not path and methods & {"budgetdraft"}:
+    uses_model = bool(methods & DRAFTER_METHODS) or OmegaConf.select(cfg, "method.drafter", default=None) == "model"
+    if not uses_model:
+        return []
+    path = OmegaConf.select(cfg, "drafter.path", default=None)
+    if not path and "budgetdraft" in methods:
         try:
             from sparsespec.training.export import latest_drafter_path
 
@@ -206,7 +246,7 @@ def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
         if images:
             run.log(images)
         for d in drafter_dirs(cfg, rows):
-            log_artifact_dir(run, d, name=f"drafter-{d.resolve().parent.name or 'model'}", type="model")
+            log_artifact_dir(run, d, name=f"drafter-{d.resolve().parent.name or d.name}", type="model")
         art = wandb.Artifact(f"evaluation-{run.id}", type="evaluation")
         for name in ("results.jsonl", "summary.json", "summary.md", "config.yaml"):
             if (out_dir / name).is_file():
@@ -339,6 +379,10 @@ def check_sweep_keys(keys: Iterable[str], compose: Callable[[list[str]], DictCon
 def hydra_compose(config_dir: str | os.PathLike, name: str) -> Callable[[list[str]], DictConfig]:
     """compose(overrides) for `name` (train / evaluate) in config_dir, with Hydra initialised per call."""
     from hydra import compose, initialize_config_dir
+
+    from sparsespec.config import register_configs
+
+    register_configs()  # the schemas evaluate.py registers (base_method, base_dataset, ...)
 
     def _compose(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3"):

@@ -1,0 +1,342 @@
+"""W&B sweeps, the Optuna search and offline W&B logging, without a W&B server.
+
+Every conf/sweep/*.yaml is parsed and its space expanded; for two points per file the exact argv a
+`wandb agent` builds (wandb's own create_sweep_command_args, `${args_no_hyphens}`) runs train.py or
+evaluate.py on a tiny model, two agents at once, each with its own WANDB_RUN_ID. Each must exit 0,
+write into its own out_dir named by the run id, and log the sweep's metric to an offline W&B run
+that is read back from its run-<id>.wandb file. The Optuna search runs two trials.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sparsespec import tracking
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+SWEEPS = sorted((CONF / "sweep").glob("*.yaml"))
+WORDS = ("the river ferryman crossed story question answer book key pass value green sky blue sun "
+         "yellow grass there back again hidden text quiz chain read passages old man sea boat").split()
+
+
+def _text(seed: int, n: int = 700) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + "."
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_text(i) for i in range(5)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 4-layer tiny Llama target (drafter.n_layers up to 4 is in the training sweep) and a corpus."""
+    root = tmp_path_factory.mktemp("sweeps")
+    tok = _tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
+    model_dir = root / "target"
+    LlamaForCausalLM(cfg).eval().save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": _text(100 + i)}) + "\n" for i in range(4)))
+    return {"root": root, "model_dir": model_dir, "corpus": corpus}
+
+
+def tiny_overrides(program: str, tiny: dict) -> dict:
+    """What a tiny-model check adds to a sweep point (the sweep's own keys are left as sampled)."""
+    if program == "train.py":
+        return {"model.path": str(tiny["model_dir"]), "data.path": str(tiny["corpus"]), "trainer": "debug",
+                "data.seq_len": 288, "data.n_train": 2, "data.n_val": 1, "budget.eval_values": [64, 256],
+                "budget.k_sink": 4, "trainer.max_steps": 2, "threads": 1, "update_latest": False,
+                "teacher.dtype": "float32"}
+    return {"model.path": str(tiny["model_dir"]), "dataset": "text", "dataset.path": str(tiny["corpus"]),
+            "ctx": 384, "limit": 1, "gen.max_new_tokens": 16, "runtime.threads": 1, "runtime.progress": False,
+            "runtime.warmup": False}
+
+
+def agent_env(tmp: Path, run_id: str, mode: str | None) -> dict:
+    """The environment a `wandb agent` child gets: WANDB_RUN_ID set; W&B not configured here."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_RUN_ID=run_id, WANDB_DIR=str(tmp / "wandb_dir"), WANDB_CONFIG_DIR=str(tmp / "wandb_cfg"),
+               WANDB_CACHE_DIR=str(tmp / "wandb_cache"), NETRC=str(tmp / "no-netrc"),
+               SPARSESPEC_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    (tmp / "wandb_dir").mkdir(parents=True, exist_ok=True)
+    if mode:
+        env["WANDB_MODE"] = mode
+    return env
+
+
+def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
+    """Run the agent argv of each point at once (parallel agents), cwd=tmp; the program by absolute path."""
+    spec = {**spec, "program": str(REPO / spec["program"])}
+    procs = []
+    for i, pt in enumerate(points):
+        run_id = uuid.uuid4().hex[:8]
+        argv = tracking.agent_command(spec, pt)
+        assert argv[:3] == ["/usr/bin/env", "python", spec["program"]]
+        assert argv[3:] == [f"{k}={v}" for k, v in pt.items()]  # args_no_hyphens: key=value, unchanged
+        log = open(tmp / f"agent{i}.log", "w")  # noqa: SIM115
+        procs.append((pt, run_id, log, subprocess.Popen(argv, cwd=tmp, env=agent_env(tmp, run_id, ("offline", None)[i % 2]),
+                                                         stdout=log, stderr=subprocess.STDOUT)))
+    out = []
+    for pt, run_id, log, p in procs:
+        rc = p.wait(timeout=300)
+        log.close()
+        out.append({"point": pt, "run_id": run_id, "rc": rc, "log": Path(log.name).read_text()[-4000:]})
+    return out
+
+
+def sweep_points(path: Path, tiny: dict, n: int = 2) -> tuple[dict, list[dict]]:
+    spec = tracking.load_sweep(path)
+    extra = tiny_overrides(spec["program"], tiny)
+    points = [{**pt, **extra} for pt in tracking.expand_sweep(spec, n=n, seed=1)]
+    return spec, points
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep files: parse, expand, keys
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sweep_files_parse_and_expand():
+    names = {p.stem for p in SWEEPS}
+    assert {"budgetdraft", "sparsespec_l"} <= names
+    programs, methods = set(), set()
+    for path in SWEEPS:
+        spec = tracking.load_sweep(path)  # program, method, metric, parameters, command
+        programs.add(spec["program"])
+        methods.add(spec["method"])
+        assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
+        assert spec["metric"]["goal"] in ("maximize", "minimize") and spec["metric"]["name"]
+        # every run gets its own directory: the W&B run id (set by the agent) is in out_dir
+        assert "${oc.env:WANDB_RUN_ID}" in spec["parameters"]["out_dir"]["value"]
+        assert spec["parameters"]["logger"]["value"] == "wandb"
+        pts = tracking.expand_sweep(spec, n=25, seed=0)
+        for pt in pts:
+            assert set(pt) == set(spec["parameters"])
+            for k, p in spec["parameters"].items():
+                if "value" in p:
+                    assert pt[k] == p["value"]
+                elif "values" in p:
+                    assert pt[k] in p["values"]
+                else:
+                    assert p["min"] <= pt[k] <= p["max"], (k, pt[k])
+        if spec["method"] == "grid":
+            everything = tracking.expand_sweep(spec)
+            assert len(everything) == tracking.grid_size(spec) > 1
+            assert len({json.dumps(p, sort_keys=True) for p in everything}) == len(everything)
+        else:
+            assert len({json.dumps(p, sort_keys=True) for p in pts}) > 1  # really sampled
+    assert programs == {"train.py", "evaluate.py"}
+    assert methods >= {"bayes", "random", "grid"}
+
+    train = tracking.load_sweep(CONF / "sweep" / "budgetdraft.yaml")
+    assert train["metric"]["name"] == "val/acceptance"
+    swept = set(train["parameters"])
+    assert {"budget.values", "optim.lr", "drafter.n_layers"} <= swept and {"loss.acc", "loss.kl"} <= swept
+    sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
+    assert {f"method.{k}" for k in ("ratio", "window", "k_sink", "k_recent", "candidates", "beta")} <= set(sl["parameters"])
+    assert sl["metric"]["name"] == "speedup"
+
+
+def test_agent_command_matches_wandb_formatting():
+    spec = {"program": "train.py", "command": tracking.SWEEP_COMMAND}
+    argv = tracking.agent_command(spec, {"optim.lr": 0.001, "budget.values": [256, 512], "export": False})
+    assert argv == ["/usr/bin/env", "python", "train.py", "optim.lr=0.001", "budget.values=[256, 512]", "export=False"]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_swept_key_exists_and_points_compose(path):
+    problems = tracking.check_sweep_file(path, CONF, n=4)
+    assert problems == []
+
+
+def test_missing_swept_key_is_detected(tmp_path):
+    spec = yaml.safe_load((CONF / "sweep" / "budgetdraft.yaml").read_text())
+    spec["parameters"]["optim.lrr"] = {"values": [1e-3]}          # typo of optim.lr
+    spec["parameters"]["budget.valuez"] = {"values": [[256]]}      # typo of budget.values
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    compose = tracking.hydra_compose(CONF, "train")
+    assert tracking.check_sweep_keys(spec["parameters"], compose) == ["optim.lrr", "budget.valuez"]
+    problems = tracking.check_sweep_file(bad, CONF)
+    assert sorted(p.split(":")[0] for p in problems) == ["budget.valuez", "optim.lrr"]
+    with pytest.raises(Exception, match="lrr"):  # the agent's run would die in Hydra: catch it before
+        compose(["optim.lrr=0.001"])
+    sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
+    assert tracking.check_sweep_keys([*sl["parameters"], "method.windows"], tracking.hydra_compose(CONF, "evaluate")) \
+        == ["method.windows"]
+
+
+def test_wandb_mode_default(tmp_path):
+    none = tmp_path / "none"
+    assert tracking.wandb_mode_default({}, netrc_path=none) == "offline"
+    assert tracking.wandb_mode_default({"WANDB_API_KEY": "x" * 40}, netrc_path=none) == "online"
+    assert tracking.wandb_mode_default({"WANDB_MODE": "disabled", "WANDB_API_KEY": "k"}, netrc_path=none) == "disabled"
+    rc = tmp_path / "netrc"
+    rc.write_text("machine example.org login a password b\n")
+    assert tracking.wandb_mode_default({}, netrc_path=rc) == "offline"
+    rc.write_text(f"machine {tracking.WANDB_HOST}\n  login user\n  password {'k' * 40}\n")
+    assert tracking.wandb_mode_default({}, netrc_path=rc) == "online"
+
+
+# ---------------------------------------------------------------------------------------------
+# the agent's command lines, run on a tiny model
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def train_sweep_runs(tiny):
+    spec, points = sweep_points(CONF / "sweep" / "budgetdraft.yaml", tiny)
+    tmp = tiny["root"] / "train_sweep"
+    tmp.mkdir()
+    return spec, tmp, run_agent_points(spec, points, tmp)
+
+
+def test_train_sweep_points_run_and_log_metric(train_sweep_runs):
+    spec, tmp, runs = train_sweep_runs
+    metric = spec["metric"]["name"]
+    dirs = set()
+    for r in runs:
+        assert r["rc"] == 0, r["log"]
+        out = tmp / "outputs" / "sweeps" / "budgetdraft" / r["run_id"]  # own dir, named by the run id
+        dirs.add(out)
+        final = json.loads((out / "metrics.json").read_text())["final"]
+        assert (out / "drafter" / "config.json").is_file() and (out / "checkpoints" / "last.ckpt").is_file()
+        # the W&B offline run (WANDB_MODE=offline for one, unset -> offline default for the other)
+        wruns = tracking.find_offline_runs(out)
+        assert len(wruns) == 1 and wruns[0].name.startswith("offline-run-") and wruns[0].name.endswith(r["run_id"])
+        wb = tracking.read_offline_run(wruns[0])
+        assert wb["id"] == r["run_id"] and wb["project"] == "sparsespec"
+        assert math.isclose(wb["summary"][metric], final[metric], abs_tol=1e-4)
+        assert {"val/acc_full", "train/loss", "trainer/global_step"} <= set(wb["summary"])
+        assert any(metric in h for h in wb["history"])
+        # the composed Hydra config is the run config: the swept values reached Hydra unchanged
+        pt, cfg = r["point"], wb["config"]
+        assert math.isclose(cfg["optim"]["lr"], pt["optim.lr"], rel_tol=1e-9)
+        assert math.isclose(cfg["loss"]["kl"], pt["loss.kl"], rel_tol=1e-9)
+        assert cfg["budget"]["values"] == pt["budget.values"]
+        assert cfg["drafter"]["n_layers"] == pt["drafter.n_layers"]
+        assert cfg["out_dir"] == str(Path("outputs/sweeps/budgetdraft") / r["run_id"])
+    assert len(dirs) == 2
+
+
+@pytest.mark.parametrize("name", ["sparsespec_l", "sparsespec_l_grid"])
+def test_evaluate_sweep_points_run_and_log_metric(tiny, name):
+    spec, points = sweep_points(CONF / "sweep" / f"{name}.yaml", tiny)
+    tmp = tiny["root"] / name
+    tmp.mkdir()
+    metric = spec["metric"]["name"]
+    runs = run_agent_points(spec, points, tmp)
+    for r in runs:
+        assert r["rc"] == 0, r["log"]
+        out = tmp / "outputs" / "sweeps" / name / r["run_id"]
+        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        assert {row["method"] for row in rows} == {"ar", "sparsespec_l"}
+        summary = json.loads((out / "summary.json").read_text())
+        [sl] = [e for e in summary if e["method"] == "sparsespec_l"]
+        saved = yaml.safe_load((out / "config.yaml").read_text())
+        for k, v in r["point"].items():
+            if k.startswith("method."):
+                got = saved["method"][k.split(".", 1)[1]]
+                assert got == v or math.isclose(got, v), (k, got, v)
+        [wrun] = tracking.find_offline_runs(out)
+        wb = tracking.read_offline_run(wrun)
+        assert wb["id"] == r["run_id"]
+        assert math.isclose(wb["summary"][metric], sl[metric]["mean"], rel_tol=1e-9)
+        assert math.isclose(wb["summary"]["sparsespec_l/acceptance_rate"], sl["acceptance_rate"]["mean"])
+        keys = set(wb["summary"])
+        assert {"sample/sparsespec_l/tokens_per_s", "sample/ar/wall_s", "results/_type", "summary/_type"} <= keys
+        assert any(k.startswith("plots/") and k.endswith("/_type") for k in keys)  # plots as images
+        assert wb["config"]["method"]["name"] == "sparsespec_l" and wb["config"]["out_dir"].endswith(r["run_id"])
+        arts = {a["type"]: a for a in wb["artifacts"]}
+        assert {"results.jsonl", "summary.json"} <= set(arts["evaluation"]["files"])
+
+
+def test_evaluate_logs_the_drafter_artifact(tiny, train_sweep_runs):
+    """A budgetdraft evaluation of a drafter exported by a sweep run logs that drafter as an artifact."""
+    _, tmp, runs = train_sweep_runs
+    r = runs[0]
+    export = tmp / "outputs" / "sweeps" / "budgetdraft" / r["run_id"] / "drafter"
+    out = tmp / "eval_bd"
+    argv = [sys.executable, str(REPO / "evaluate.py"), "method=budgetdraft", f"drafter.path={export}",
+            "method.budget=64", "method.k_sink=4", "logger=wandb", f"out_dir={out}",
+            *[f"{k}={v}" for k, v in tiny_overrides("evaluate.py", tiny).items()]]
+    p = subprocess.run(argv, cwd=tmp, env=agent_env(tmp, "evalbd01", None), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    wb = tracking.read_offline_run(tracking.find_offline_runs(out)[0])
+    [art] = [a for a in wb["artifacts"] if a["type"] == "model"]
+    assert art["name"].startswith("drafter-") and {"config.json", "model.safetensors"} <= set(art["files"])
+    assert "budgetdraft/speedup" in wb["summary"] and wb["summary"]["speedup"] == wb["summary"]["budgetdraft/speedup"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optuna (offline alternative) and the launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _search_override(name: str) -> str:
+    """`hparams_search=<name>`; `+hparams_search=<name>` until conf/train.yaml lists the group."""
+    defaults = yaml.safe_load((CONF / "train.yaml").read_text())["defaults"]
+    listed = any(isinstance(d, dict) and "hparams_search" in d for d in defaults)
+    return f"{'' if listed else '+'}hparams_search={name}"
+
+
+def test_optuna_search_two_trials(tiny, tmp_path):
+    sweep_dir = tmp_path / "optuna"
+    extra = tiny_overrides("train.py", tiny)
+    extra.pop("trainer.max_steps")
+    argv = [sys.executable, str(REPO / "train.py"), "-m", _search_override("budgetdraft"), "hydra.sweeper.n_trials=2",
+            f"hydra.sweep.dir={sweep_dir}", "logger=none", *[f"{k}={v}" for k, v in extra.items()]]
+    p = subprocess.run(argv, cwd=tmp_path, env=agent_env(tmp_path, "unused00", "offline"), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    values, params = [], []
+    for trial in ("0", "1"):  # each trial in its own out_dir: <sweep dir>/<job num>
+        values.append(json.loads((sweep_dir / trial / "metrics.json").read_text())["final"]["val/acceptance"])
+        params.append(yaml.safe_load((sweep_dir / trial / ".hydra" / "overrides.yaml").read_text()))
+        assert (sweep_dir / trial / "drafter" / "config.json").is_file()
+    assert not (sweep_dir / "2").exists()
+    assert params[0] != params[1] and any(o.startswith("optim.lr=") for o in params[0])
+    res = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert res["name"] == "optuna" and math.isclose(res["best_value"], max(values), abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("launcher,target", [("local", "JoblibLauncher"), ("slurm", "SlurmLauncher"),
+                                             ("slurm_local", "LocalLauncher")])
+def test_launcher_configs_compose(launcher, target):
+    from hydra import compose, initialize_config_dir
+
+    for name in ("train", "evaluate"):
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose(name, overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+        assert cfg.hydra.launcher._target_.endswith(target)
+        assert OmegaConf.select(cfg, "hydra.launcher.n_jobs" if launcher == "local" else "hydra.launcher.timeout_min")
