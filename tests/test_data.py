@@ -613,3 +613,34 @@ def test_text_jsonl_rows(tok, tmp_path):
     with pytest.raises(DatasetError) as e:
         load_samples("text", tok, 16, path=str(nofield))
     assert "missing field 'text'" in str(e.value) and str(nofield) in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# conf/dataset: every file names a loader, and its options are the loader's own, with its defaults
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dataset_configs_match_their_loaders():
+    import inspect
+
+    from hydra import compose, initialize_config_dir
+
+    from sparsespec.config import register_configs
+    from sparsespec.data import LOADERS, loader_options
+
+    register_configs()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    names = sorted(p.stem for p in (conf / "dataset").glob("*.yaml"))
+    assert names == sorted(LOADERS)
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        for name in names:
+            d = compose("evaluate", overrides=[f"dataset={name}"]).dataset
+            assert d.name == name
+            params = inspect.signature(LOADERS[name]).parameters
+            options = dict(d.options)
+            assert set(options) <= set(loader_options(name)), name
+            for key, value in options.items():
+                assert value == params[key].default, f"conf/dataset/{name}.yaml options.{key}"
+        # so a loader option is set on the command line without a leading '+'
+        d = compose("evaluate", overrides=["dataset=ruler", "dataset.options.haystack=essays"]).dataset
+        assert d.options.haystack == "essays"

@@ -1,6 +1,6 @@
 """The data layer: benchmark loaders returning tokenized prompts fitted to a context length.
 
-It knows tokenizers and text, never the decoding engine. See docs/datasets.md.
+It knows tokenizers and text, never the decoding engine. See docs/evaluation.md (Datasets).
 """
 
 from sparsespec.data.base import DatasetError, Sample

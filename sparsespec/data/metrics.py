@@ -1,7 +1,7 @@
 """Task metrics, written from the official LongBench / LongBench v2 / InfiniteBench / RULER scorers.
 
 No extra dependency: ROUGE-L and the edit similarity are implemented here. Where we differ from
-the official code the reason is written next to the function (and in docs/datasets.md).
+the official code the reason is written next to the function (and in docs/evaluation.md).
 Every function returns a float in [0, 1].
 """
 
@@ -211,7 +211,7 @@ def extract_choice(prediction: str) -> str | None:
 
     Official rule first: "The correct answer is (X)" then "The correct answer is X" (after removing
     '*'). Small models often answer with the bare letter, so as a fallback a response that starts
-    with "X", "(X)", "X." or "X)" counts too; documented in docs/datasets.md.
+    with "X", "(X)", "X." or "X)" counts too; documented in docs/evaluation.md.
     """
     text = prediction.replace("*", "")
     for pattern in (r"The correct answer is \(([A-D])\)", r"The correct answer is ([A-D])\b"):
