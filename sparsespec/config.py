@@ -86,6 +86,7 @@ class EvaluateConfig:
     gen: GenConfig = field(default_factory=GenConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logger: Any = None  # conf/logger/*.yaml (sparsespec.tracking checks its own keys)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class BudgetDraftModule(L.LightningModule):
         self.rng = random.Random(seed)
         self.tau_k = tau_k
         self.train_steps_run = 0  # steps executed by this process (resume tests check it)
+        self.last_budgets: list[int] = []
         self.save_hyperparameters(ignore=["drafter", "budget", "loss"])
 
     # -- forwards -----------------------------------------------------------------------------
@@ -71,6 +72,7 @@ class BudgetDraftModule(L.LightningModule):
         full = self.logits(ids)
         parts = self.loss_fn.full(full.reshape(-1, full.shape[-1]), flat(tgt), flat(topk_idx), flat(topk_logp))
         budgets = self.budget.sample(n, self.rng)
+        self.last_budgets = list(budgets)  # what this step drew (resume tests compare it)
         for b in budgets:
             s = sparse_rows(b, n)
             sp = self.logits(ids, b, start=s)
