@@ -1,0 +1,302 @@
+"""Side-by-side decoding benchmark: Hugging Face generate / assisted / prompt lookup vs this
+project's methods, in one process, on the same prompts.
+
+    python scripts/bench.py --ctx 4k,8k,16k,32k --new-tokens 128 --repeats 3 --write docs/benchmarks.md
+
+Protocol (docs/benchmarks.md repeats it next to the numbers):
+- prompts: windows of `--ctx` tokens from PG-19 books (../shared/data/pg19 by default);
+- our methods: the target cache is prefilled once per prompt (all but the last 64 tokens) and
+  reused, so a run times its decoding only: decode tok/s = (new_tokens - 1) / wall_s;
+- HF `generate()`: given the same prefilled cache as a DynamicCache (it runs the last 64 prompt
+  tokens itself), decode tok/s =
+  (N - 1) / (t(N) - t(1)) — the first token, produced by the prefill, is excluded on both sides;
+- HF assisted / prompt lookup (which re-prefill their own state): (N - 1) / (t(N) - t(1)) with a
+  full prefill in both calls, only at ctx <= --hf-full-max (their prefills dominate the run);
+- bandwidth floor: (weight bytes + KV bytes read per token) / the read bandwidth measured here;
+- peak memory: the process' peak RSS so far (monotone over the run).
+Every speculative method's greedy output is compared with our ar and with HF generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sparsespec.config import parse_ctx  # noqa: E402
+
+log = logging.getLogger("bench")
+HF_METHODS = ("hf", "hf_assisted", "hf_lookup")
+REUSE_TAIL = 64  # prompt tokens each run prefills itself (a view's prefill capture needs real queries)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ctx", default="4k,8k,16k,32k", help="comma-separated context lengths")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--samples", type=int, default=1, help="books (prompts) per ctx")
+    p.add_argument("--methods", default="hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,budgetdraft",
+                   help="comma-separated; a method may carry overrides: sparsespec_l:controller=fixed:k=8")
+    p.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--drafter-path", default=None,
+                   help="drafter for sd / budgetdraft / hf_assisted (default: latest train.py export)")
+    p.add_argument("--data", default=str(ROOT.parent / "shared/data/pg19/test.jsonl"))
+    p.add_argument("--hf-full-max", default="8k", help="largest ctx for HF assisted / prompt lookup")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None, help="write raw results here")
+    p.add_argument("--write", default=None, help="markdown file to put the table in (a section per --name)")
+    p.add_argument("--name", default="decode", help="section name in the markdown file")
+    return p.parse_args(argv)
+
+
+# -- methods -------------------------------------------------------------------------------------
+
+
+def our_method(spec: str):
+    """'sparsespec_l:controller=fixed:k=8' -> a validated Method from conf/method/sparsespec_l.yaml."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from sparsespec.config import register_configs
+
+    name, *over = spec.split(":")
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"method={name}", *(f"method.{o}" for o in over)])
+    method = instantiate(cfg.method, _convert_="all")
+    method.name = spec
+    return method
+
+
+def to_dynamic_cache(cache, length: int, config):
+    from transformers import DynamicCache
+
+    dc = DynamicCache(config=config)
+    for i in range(cache.n_layers):
+        dc.update(cache.k[i][None, :, :length].clone(), cache.v[i][None, :, :length].clone(), i)
+    return dc
+
+
+def hf_generate(hf, prompt: list[int], n: int, cache=None, **kw) -> tuple[list[int], float]:
+    ids = torch.tensor([prompt])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                          cache=cache, **kw)
+    return out[0, len(prompt):].tolist(), time.perf_counter() - t0
+
+
+def run_hf(kind: str, hf, drafter_hf, prompt, n, shared, config) -> dict:
+    kw = {"assistant_model": drafter_hf} if kind == "hf_assisted" else (
+        {"prompt_lookup_num_tokens": 10} if kind == "hf_lookup" else {})
+    reuse = kind == "hf"
+
+    def call(m):
+        cache = to_dynamic_cache(shared, shared.length, config) if reuse else None
+        return hf_generate(hf, prompt, m, cache=cache, **kw)
+
+    _, t1 = call(1)
+    out, tn = call(n)
+    return {"output_ids": out, "decode_s": tn - t1, "decode_tok_s": (n - 1) / (tn - t1)}
+
+
+def run_ours(method, target, drafter, prompt, n, shared) -> dict:
+    engine = method.build(target, drafter)
+    res = engine.generate(prompt, n, cache=shared)
+    shared.crop(len(prompt) - REUSE_TAIL)
+    row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
+           "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens}
+    if res.draft_steps and res.verify_steps:
+        row["gamma"] = (res.draft_s / res.draft_steps) / (res.verify_s / res.verify_steps)
+        row["k_mean"] = res.drafted / max(len(res.rounds), 1)
+        row["index_share"] = res.extra.get("index_update_s", 0.0) / res.wall_s
+    return row
+
+
+# -- machine -------------------------------------------------------------------------------------
+
+
+def read_bandwidth_gbs(gb: float = 1.0) -> float:
+    """Bytes per second a reduction over a large fp32 tensor reads (best of 5)."""
+    x = torch.ones(int(gb * 2**30 / 4))
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from sparsespec.data import load_samples
+    from sparsespec.models.loading import check_same_tokenizer, load_model
+    from sparsespec.models.runner import CausalLM
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    ctxs = [parse_ctx(c) for c in args.ctx.split(",")]
+    specs = [s for s in args.methods.split(",") if s]
+    hf_full_max = parse_ctx(args.hf_full_max)
+    loaded = load_model(args.model_path, args.dtype, ctx=max(ctxs) + args.new_tokens)
+    hf, tok = loaded.model, loaded.tokenizer
+    hf.generation_config.eos_token_id = None  # decode exactly N tokens, as our engine does
+    hf.generation_config.pad_token_id = tok.pad_token_id or 0
+    target = CausalLM(hf)
+    ours = {s: our_method(s) for s in specs if s not in HF_METHODS}
+    drafter = drafter_hf = None
+    if any(m.drafter == "model" for m in ours.values()) or "hf_assisted" in specs:
+        path = args.drafter_path
+        if path is None:
+            from sparsespec.training.export import latest_drafter_path
+
+            path = latest_drafter_path()
+            if path is None:
+                raise SystemExit("no drafter: pass --drafter-path DIR or run `python train.py budget=multi` first")
+        d = load_model(str(path), args.dtype)
+        check_same_tokenizer(tok, d.tokenizer, what=f"--drafter-path={path}")
+        drafter_hf = d.model
+        drafter_hf.generation_config.eos_token_id = None
+        drafter = CausalLM(drafter_hf)
+
+    bw = read_bandwidth_gbs()
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    kv_per_token = 2 * target.n_layers * target.n_kv_heads * target.head_dim * torch.finfo(target.dtype).bits // 8
+    log.info("read bandwidth %.1f GB/s; weights %.0f MB; KV %.1f KB/token", bw, weight_bytes / 1e6,
+             kv_per_token / 1e3)
+
+    rows = []
+    for ctx in ctxs:
+        samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples)
+        for sample in samples:
+            prompt = sample.prompt_ids
+            shared = target.new_cache(len(prompt) + args.new_tokens + 64)
+            t0 = time.perf_counter()
+            target.prefill(torch.tensor(prompt[:-REUSE_TAIL]), shared)
+            prefill_s = time.perf_counter() - t0
+            hf_prefill_s = None
+            if ctx <= hf_full_max:
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    hf(torch.tensor([prompt[:-REUSE_TAIL]]), use_cache=True)
+                hf_prefill_s = time.perf_counter() - t0
+            log.info("ctx %d %s: prefill ours %.1f s, HF %s", ctx, sample.sample_id, prefill_s,
+                     f"{hf_prefill_s:.1f} s" if hf_prefill_s else "-")
+            floor = bw * 1e9 / (weight_bytes + kv_per_token * (len(prompt) + args.new_tokens // 2))
+            for spec in specs:
+                if spec in ("hf_assisted", "hf_lookup") and ctx > hf_full_max:
+                    continue
+                runs = []
+                for rep in range(args.repeats + 1):  # the first run warms up and is dropped
+                    if spec in HF_METHODS:
+                        r = run_hf(spec, hf, drafter_hf, prompt, args.new_tokens, shared, hf.config)
+                    else:
+                        r = run_ours(ours[spec], target, drafter, prompt, args.new_tokens, shared)
+                    if rep:
+                        runs.append(r)
+                rates = [r["decode_tok_s"] for r in runs]
+                row = {"ctx": ctx, "sample": sample.sample_id, "method": spec, "prompt_tokens": len(prompt),
+                       "tok_s": statistics.fmean(rates), "tok_s_std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                       "output_ids": runs[0]["output_ids"], "floor_tok_s": floor, "prefill_s": prefill_s,
+                       "hf_prefill_s": hf_prefill_s, "peak_rss_gb": peak_rss_gb()}
+                for key in ("acceptance", "tau", "gamma", "k_mean", "index_share"):
+                    vals = [r[key] for r in runs if r.get(key) is not None]
+                    row[key] = statistics.fmean(vals) if vals else None
+                rows.append(row)
+                log.info("ctx %d %-28s %6.2f ± %.2f tok/s  α=%s", ctx, spec, row["tok_s"], row["tok_s_std"],
+                         f"{row['acceptance']:.2f}" if row["acceptance"] is not None else "-")
+            del shared
+    _compare(rows)
+    report = {"args": vars(args), "bandwidth_gbs": bw, "weight_bytes": weight_bytes, "rows": rows,
+              "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    table = to_markdown(report)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.write:
+        write_section(Path(args.write), args.name, table)
+    return report
+
+
+def _compare(rows: list[dict]) -> None:
+    """Ratios against HF generate and our ar, and greedy identity, per (ctx, sample)."""
+    for row in rows:
+        peers = {r["method"]: r for r in rows if r["ctx"] == row["ctx"] and r["sample"] == row["sample"]}
+        for ref, key in (("hf", "vs_hf"), ("ar", "vs_ar")):
+            row[key] = row["tok_s"] / peers[ref]["tok_s"] if ref in peers else None
+            row[f"identical_{ref}"] = row["output_ids"] == peers[ref]["output_ids"] if ref in peers else None
+
+
+def _ctx_label(ctx: int) -> str:
+    return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
+
+
+def _fmt(v, spec="{:.2f}") -> str:
+    return "—" if v is None else spec.format(v)
+
+
+def to_markdown(report: dict) -> str:
+    lines = [f"Command: `{report['command']}`", "",
+             f"Read bandwidth {report['bandwidth_gbs']:.1f} GB/s; weights {report['weight_bytes'] / 1e6:.0f} MB.", "",
+             "| ctx | method | decode tok/s | × HF generate | × our ar | floor tok/s | ar / floor | α | τ | γ | k | "
+             "index share | same as ar | same as HF | prefill s (ours / HF) | peak RSS GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for ctx in sorted({r["ctx"] for r in report["rows"]}):
+        group = [r for r in report["rows"] if r["ctx"] == ctx]
+        for method in dict.fromkeys(r["method"] for r in group):
+            rs = [r for r in group if r["method"] == method]
+
+            def mean(key, rs=rs):
+                vals = [r[key] for r in rs if r.get(key) is not None]
+                return statistics.fmean(vals) if vals else None
+
+            tok = mean("tok_s")
+            std = statistics.fmean([r["tok_s_std"] for r in rs])
+            same = lambda ref, rs=rs: None if rs[0][f"identical_{ref}"] is None else (  # noqa: E731
+                "yes" if all(r[f"identical_{ref}"] for r in rs) else "NO")
+            lines.append(
+                f"| {_ctx_label(ctx)} | {method} | {tok:.2f} ± {std:.2f} | {_fmt(mean('vs_hf'))} | {_fmt(mean('vs_ar'))} | "
+                f"{mean('floor_tok_s'):.1f} | {_fmt(mean('floor_tok_s') / tok if method == 'ar' else None)} | "
+                f"{_fmt(mean('acceptance'))} | {_fmt(mean('tau'))} | {_fmt(mean('gamma'), '{:.3f}')} | "
+                f"{_fmt(mean('k_mean'), '{:.1f}')} | {_fmt(mean('index_share'), '{:.1%}')} | {same('ar') or '—'} | "
+                f"{same('hf') or '—'} | {mean('prefill_s'):.1f} / {_fmt(mean('hf_prefill_s'), '{:.1f}')} | "
+                f"{max(r['peak_rss_gb'] for r in rs):.1f} |")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, name: str, body: str) -> None:
+    """Replace (or append) the section between <!-- bench:name --> markers, atomically."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{start}\n{body}\n{end}"
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    main()
