@@ -346,6 +346,25 @@ def test_ctx_label_and_integer_both_compose_and_run(env, tmp_path):
     assert [(r["ctx"], r["prompt_tokens"]) for r in rows] == [(300, 300)]
 
 
+def test_default_out_dir_differs_per_multirun_job():
+    # `${now:}` resolves once per process, so a timestamp alone would put every job of
+    # `evaluate.py -m ctx=4k,8k` in one out_dir, where the second would "resume" the first.
+    from hydra.core.hydra_config import HydraConfig
+
+    dirs = []
+    try:
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            for ovr in (["ctx=4k"], ["ctx=8k"], ["ctx=8k", "method=magicdec", "model.path=/m/x", "dataset.path=/d/y"]):
+                cfg = compose("evaluate", overrides=ovr, return_hydra_config=True)
+                HydraConfig.instance().set_config(cfg)
+                dirs.append(Path(cfg.out_dir))
+    finally:
+        HydraConfig.instance().cfg = None  # as outside a Hydra app, for the other tests
+    assert dirs[0].name == "ctx=4k" and dirs[1].name == "ctx=8k"
+    assert dirs[2].name == "ctx=8k,method=magicdec"  # paths stay out of the name
+    assert dirs[0].parts[:2] == ("outputs", "evaluate")
+
+
 # ---------------------------------------------------------------------------------------------
 # task scores and the report
 # ---------------------------------------------------------------------------------------------

@@ -145,7 +145,10 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
         raise EvaluationError(f"runtime.repeats must be a positive number of runs, got {cfg.runtime.repeats}")
     if int(cfg.runtime.prefill_chunk) <= 0:
         raise EvaluationError(f"runtime.prefill_chunk must be a positive number of tokens, got {cfg.runtime.prefill_chunk}")
-    out_dir = Path(cfg.out_dir)
+    try:
+        out_dir = Path(str(cfg.out_dir))
+    except Exception as e:  # the default names the run from Hydra's runtime, which compose() does not set
+        raise EvaluationError(f"out_dir could not be resolved ({type(e).__name__}); pass out_dir=DIR") from e
     if out_dir.exists() and not out_dir.is_dir():
         raise EvaluationError(f"out_dir={out_dir} is a file; pass a directory")
     fingerprint = run_fingerprint(cfg, ctx)
@@ -184,7 +187,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
 
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    write_atomic(out_dir / "config.yaml", _config_yaml(cfg, out_dir))
     write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
     results = ResultsFile(out_dir / "results.jsonl")
     eos = tuple(_eos_ids(tokenizer)) if cfg.gen.stop_at_eos else ()
@@ -227,6 +230,16 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     print(to_markdown(reports["summary"]))
     print(f"results: {out_dir / 'results.jsonl'}")
     return out_dir
+
+
+def _config_yaml(cfg: DictConfig, out_dir: Path) -> str:
+    """The composed config, resolved where it can be (out_dir as used), to rerun or audit the run."""
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation only Hydra's runtime can resolve: keep it as written
+        return OmegaConf.to_yaml(cfg)
+    plain["out_dir"] = str(out_dir)
+    return OmegaConf.to_yaml(plain)
 
 
 def _prefill_bar(n_tokens: int, label: str):
