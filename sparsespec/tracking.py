@@ -102,10 +102,13 @@ def wandb_logger(offline: Any = "auto", save_dir: str = ".", id: str | None = No
     offline=auto decides by wandb_mode_default(); `id` defaults to WANDB_RUN_ID (a W&B agent sets it,
     and the sweep configs put it in out_dir); `hydra_config` (the run's .hydra/config.yaml) is logged
     as the run config when it exists, merged with any config a sweep agent hands over."""
+    import wandb
     from lightning.pytorch.loggers import WandbLogger
 
     off = resolve_offline(offline)
     _init_env(off)
+    if wandb.run is not None:  # an earlier job in this process (Hydra multirun, Optuna trials): close it,
+        wandb.finish()         # or Lightning would log this job into that run
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     config = dict(kwargs.pop("config", None) or {})
     if hydra_config and Path(hydra_config).is_file():
@@ -371,9 +374,17 @@ def check_sweep_keys(keys: Iterable[str], compose: Callable[[list[str]], DictCon
     """Swept keys that do not exist in the composed base config (a config group such as `budget`
     counts as existing when the config has a node of that name). `compose(overrides)` composes the
     base config (hydra.compose with the sweep program's config name)."""
-    cfg = compose([])
-    sentinel = object()
-    return [k for k in keys if OmegaConf.select(cfg, k, default=sentinel) is sentinel]
+    tree = OmegaConf.to_container(compose([]), resolve=False)  # interpolations stay unresolved
+
+    def exists(key: str) -> bool:
+        node: Any = tree
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    return [k for k in keys if not exists(k)]
 
 
 def hydra_compose(config_dir: str | os.PathLike, name: str) -> Callable[[list[str]], DictConfig]:
@@ -481,3 +492,50 @@ def read_offline_run(run_dir: str | os.PathLike) -> dict:
             out["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
                                      "files": [m.path for m in rec.artifact.manifest.contents]})
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: python -m sparsespec.tracking check conf/sweep/*.yaml | mode | command SWEEP.yaml
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sparsespec.tracking", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="check sweep files: keys exist, sampled points compose")
+    c.add_argument("files", nargs="+")
+    c.add_argument("--conf", default=str(Path(__file__).resolve().parents[1] / "conf"))
+    c.add_argument("-n", type=int, default=4, help="points per file to compose")
+    sub.add_parser("mode", help="print the W&B mode a run would use (offline unless configured)")
+    s = sub.add_parser("command", help="print the argv an agent would run for sampled points")
+    s.add_argument("file")
+    s.add_argument("-n", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.cmd == "mode":
+        print(wandb_mode_default())
+        return 0
+    if args.cmd == "command":
+        import shlex
+
+        spec = load_sweep(args.file)
+        for pt in expand_sweep(spec, n=args.n, seed=args.seed):
+            print(shlex.join(agent_command(spec, pt)))
+        return 0
+    bad = 0
+    for f in args.files:
+        try:
+            problems = check_sweep_file(f, args.conf, n=args.n)
+        except (ValueError, OSError, yaml.YAMLError) as e:
+            problems = [str(e)]
+        print(f"{f}: {'ok' if not problems else 'FAILED'}")
+        for p in problems:
+            print(f"  {p}")
+        bad += bool(problems)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -340,3 +340,23 @@ def test_launcher_configs_compose(launcher, target):
             cfg = compose(name, overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
         assert cfg.hydra.launcher._target_.endswith(target)
         assert OmegaConf.select(cfg, "hydra.launcher.n_jobs" if launcher == "local" else "hydra.launcher.timeout_min")
+
+
+def test_sweep_script_checks_and_never_prompts(tmp_path):
+    script = REPO / "scripts" / "sweep.sh"
+    env = agent_env(tmp_path, "unused01", None)
+    env.pop("WANDB_RUN_ID")
+    env["PYTHON"] = sys.executable
+    ok = subprocess.run([str(script), "check"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert all(f"{p.name}: ok" in ok.stdout for p in SWEEPS)
+    spec = yaml.safe_load((CONF / "sweep" / "sparsespec_l.yaml").read_text())
+    spec["parameters"]["method.ration"] = {"values": [0.1]}
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(spec))
+    bad = subprocess.run([str(script), "check", str(tmp_path / "typo.yaml")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode != 0 and "method.ration: not a key" in bad.stdout
+    # W&B not configured: `create` stops with a message (exit 2) instead of a login prompt
+    p = subprocess.run([str(script), "create", str(CONF / "sweep" / "budgetdraft.yaml")], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "W&B is not configured" in p.stderr and "hparams_search" in p.stderr
