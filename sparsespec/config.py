@@ -321,6 +321,13 @@ def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> 
     from sparsespec.data.registry import LOADERS
 
     _choice("dataset.name", cfg.dataset.name, tuple(LOADERS))
+    from sparsespec.data.registry import loader_options
+
+    known = loader_options(cfg.dataset.name)
+    for key in cfg.dataset.get("options") or {}:
+        if key not in known:
+            raise ConfigError(f"dataset.options.{key} is not an option of dataset={cfg.dataset.name}"
+                              f"{_close(str(key), known)}; its options are: {', '.join(known) or 'none'}")
     g = cfg.gen
     _positive("gen.max_new_tokens", g.max_new_tokens, int)
     _require(_num("gen.temperature", g.temperature) >= 0, "gen.temperature", g.temperature,

@@ -74,10 +74,13 @@ def no_model_load(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "sd_sparse", "budgetdraft", "magicdec", "snapkv_self", "sparsespec_l"])
-def test_shipped_evaluate_configs_validate(method):
-    # guards the schema against drift: every shipped method and the base config pass
-    validate_evaluate_config(compose_cfg("evaluate", [f"method={method}"]))
+@pytest.mark.parametrize("ovr", [f"method={m}" for m in ("ar", "sd", "sd_sparse", "budgetdraft", "magicdec",
+                                                           "snapkv_self", "sparsespec_l")]
+                         + [f"dataset={d}" for d in ("pg19", "text", "ruler", "longbench", "longbench_v2",
+                                                     "infinitebench")] + ["logger=wandb"])
+def test_shipped_evaluate_configs_validate(ovr):
+    # guards the schema against drift: every shipped method, dataset and logger config passes
+    validate_evaluate_config(compose_cfg("evaluate", [ovr]))
 
 
 EVAL_BAD = [
@@ -102,6 +105,7 @@ EVAL_BAD = [
     (["model.dtype=float8"], "model.dtype", "float32, bfloat16, float16"),
     (["drafter.dtype=int4"], "drafter.dtype", "float32, bfloat16, float16"),
     (["dataset.name=pg91"], "dataset.name", "pg19"),
+    (["dataset=ruler", "+dataset.options.dept=0.5"], "dataset.options.dept", "depth"),
     (["ctx=lots"], "ctx", "4k"),
     (["limit=0"], "limit", "> 0"),
     (["baseline=sd"], "baseline", "ar"),
