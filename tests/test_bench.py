@@ -51,3 +51,23 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     bench.write_section(md, "decode", "new body")
     text = md.read_text()
     assert "new body" in text and "sparsespec_l" not in text and "intro stays" in text
+
+
+def test_inversion_script_sweeps_k_and_plots(tmp_path):
+    import inversion
+
+    tok = make_tokenizer(chat=False)
+    target = _save(tmp_path / "target", tok, layers=2, seed=0)
+    data = tmp_path / "pg19.jsonl"
+    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
+                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(2)))
+    report = inversion.main(["--ctx", "500", "--ks", "1,3", "--new-tokens", "10", "--repeats", "1",
+                             "--model-path", str(target), "--data", str(data), "--out", str(tmp_path / "inv"),
+                             "--ratio", "0.3", "--threads", "1"])
+    fixed = [r for r in report["rows"] if r["fixed"]]
+    assert len(fixed) == 2 and len(report["rows"]) == 3  # two fixed k and the entropy controller
+    assert fixed[0]["k"] <= 1 < fixed[1]["k"] <= 3  # k_mean: the last draft is cut to what is left
+    for r in report["rows"]:
+        assert r["speedup"] > 0 and 0 <= r["alpha"] <= 1
+        assert abs(r["predicted"] - (r["alpha"] * r["k"] + 1) / (r["k"] * r["gamma"] + 1)) < 1e-9
+    assert (tmp_path / "inv" / "inversion.png").stat().st_size > 1000
