@@ -384,6 +384,20 @@ def test_task_scores_match_ar_when_outputs_do(env, tmp_path):
     assert "infinitebench/passkey" in (out / "summary.md").read_text()
 
 
+def test_the_scored_answer_ends_at_the_first_eos(env):
+    from sparsespec.data import Sample, score
+    from sparsespec.eval.harness import answer_text
+
+    tok = env["tok"]
+    ids = tok("the ferryman", add_special_tokens=False)["input_ids"]
+    tail = tok(" crossed the river back again", add_special_tokens=False)["input_ids"]
+    sample = Sample("longbench/narrativeqa/1", "longbench", "narrativeqa", [0], ["the ferryman"], 128)
+    text, after = answer_text(tok, ids + [tok.eos_token_id] + tail, {tok.eos_token_id})
+    assert text == "the ferryman" and after == " crossed the river back again"
+    assert score(sample, text) == 1.0 > score(sample, text + after)  # what scoring the whole output would give
+    assert answer_text(tok, ids, {tok.eos_token_id}) == ("the ferryman", None)
+
+
 def _row(sample: str, method: str, ctx: int, wall: float, alpha=None, budget=None, conf=None, accepted=None) -> dict:
     r = {"sample_id": sample, "dataset": "pg19", "task": None, "method": method, "ctx": ctx, "prompt_tokens": ctx,
          "new_tokens": 8, "output_ids": list(range(8)), "prefill_s": 0.5, "wall_s": wall, "tokens_per_s": 8 / wall,

@@ -190,7 +190,8 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     write_atomic(out_dir / "config.yaml", _config_yaml(cfg, out_dir))
     write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
     results = ResultsFile(out_dir / "results.jsonl")
-    eos = tuple(_eos_ids(tokenizer)) if cfg.gen.stop_at_eos else ()
+    stop_ids = set(_eos_ids(tokenizer))
+    eos = tuple(stop_ids) if cfg.gen.stop_at_eos else ()
     chunk = int(cfg.runtime.prefill_chunk)
     pairs = [(s, m, conf) for s in samples for m, conf in methods]
     todo = [p for p in pairs if results.done(p[0].sample_id, p[1].name) is None]
@@ -218,9 +219,12 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
             row["exact_match_ar"] = (row["output_ids"] == ar_row["output_ids"]) if sampling.greedy else None
         elif method.name == "ar":
             row["exact_match_ar"] = True if sampling.greedy else None
-        text = tokenizer.decode(row["output_ids"], skip_special_tokens=True)
-        row["text"] = text
-        row["score"] = score(sample, text) if sample.answers else None
+        # Every method decodes the same number of tokens (gen.stop_at_eos=false) so speeds compare;
+        # the answer that is scored ends where the model ended its turn, at the first EOS.
+        row["text"], after = answer_text(tokenizer, row["output_ids"], stop_ids)
+        if after is not None:
+            row["text_after_eos"] = after
+        row["score"] = score(sample, row["text"]) if sample.answers else None
         results.append(row)
         bar.update(1)
         if row.get("exact_match_ar") is False:
@@ -230,6 +234,13 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     print(to_markdown(reports["summary"]))
     print(f"results: {out_dir / 'results.jsonl'}")
     return out_dir
+
+
+def answer_text(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, str | None]:
+    """(the answer up to the first EOS, the text decoded after it or None when there is no EOS)."""
+    end = next((i for i, t in enumerate(ids) if t in stop_ids), len(ids))
+    after = tokenizer.decode(ids[end:], skip_special_tokens=True) if end < len(ids) else None
+    return tokenizer.decode(ids[:end], skip_special_tokens=True), after
 
 
 def _config_yaml(cfg: DictConfig, out_dir: Path) -> str:
