@@ -43,6 +43,7 @@ class SelfDrafter:
     """Self-speculation: the target model drafts with attention restricted to a KV view."""
 
     view: KVView = field(default_factory=FullView)
+    _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
 
     def prefill_capture(self) -> Capture | None:
         return getattr(self.view, "prefill_capture", lambda: None)()
@@ -61,7 +62,9 @@ class SelfDrafter:
         kmax = controller.max_draft()
         idx = self.view.select(length, model.n_layers, model.n_kv_heads, model.device)
         # Full view: draft straight into the target cache and roll back; else a compact copy.
-        cache = state.cache if idx is None else state.cache.gather(idx, extra=kmax + 1)
+        if idx is not None:
+            self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
+        cache = state.cache if idx is None else self._compact
         base = cache.length
         tok, out, qs, ents = state.tokens[-1], [], [], []
         while True:

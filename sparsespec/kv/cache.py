@@ -29,8 +29,9 @@ class KVCache:
         self.dtype, self.device = dtype, torch.device(device)
         self.capacity = max(int(capacity), 1)
         shape = (n_kv_heads, self.capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        # torch.empty: nothing at or past `length` is ever read
+        self.k = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.length = 0
 
     def reserve(self, n: int) -> None:
@@ -41,7 +42,7 @@ class KVCache:
         new_cap = max(need, 2 * self.capacity)
         for store in (self.k, self.v):
             for i, old in enumerate(store):
-                new = torch.zeros(
+                new = torch.empty(
                     (self.n_kv_heads, new_cap, self.head_dim), dtype=self.dtype, device=self.device
                 )
                 new[:, : self.length] = old[:, : self.length]
@@ -68,18 +69,21 @@ class KVCache:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         self.length = length
 
-    def gather(self, index: torch.Tensor, extra: int = 32) -> KVCache:
+    def gather(self, index: torch.Tensor, extra: int = 32, out: KVCache | None = None) -> KVCache:
         """A compact cache holding, per layer and KV head, the entries at `index`.
 
         index: [n_layers, n_kv_heads, budget] positions < length. The result has room for `extra`
-        appended (draft) entries, so drafting never reallocates.
+        appended (draft) entries, so drafting never reallocates. `out`: a compact cache from an
+        earlier round, reused when it is large enough (a draft round then allocates nothing).
         """
         n_layers, n_heads, budget = index.shape
-        out = KVCache(n_layers, n_heads, self.head_dim, self.dtype, self.device, capacity=budget + extra)
+        if out is None or out.capacity < budget + extra:
+            # slack: a ratio budget grows with the context; reallocate every ~64 tokens of it, not every round
+            out = KVCache(n_layers, n_heads, self.head_dim, self.dtype, self.device, capacity=budget + extra + 64)
         for layer in range(n_layers):
             idx = index[layer].unsqueeze(-1).expand(-1, -1, self.head_dim)
-            out.k[layer][:, :budget] = torch.gather(self.k[layer], 1, idx)
-            out.v[layer][:, :budget] = torch.gather(self.v[layer], 1, idx)
+            torch.gather(self.k[layer], 1, idx, out=out.k[layer][:, :budget])
+            torch.gather(self.v[layer], 1, idx, out=out.v[layer][:, :budget])
         out.length = budget
         return out
 
