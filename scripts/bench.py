@@ -123,6 +123,11 @@ def run_ours(method, target, drafter, prompt, n, shared) -> dict:
         row["gamma"] = (res.draft_s / res.draft_steps) / (res.verify_s / res.verify_steps)
         row["k_mean"] = res.drafted / max(len(res.rounds), 1)
         row["index_share"] = res.extra.get("index_update_s", 0.0) / res.wall_s
+        # where a round's time goes (the index update runs after the verify pass, in the overhead)
+        row["draft_ms"] = 1000 * res.draft_s / len(res.rounds)
+        row["verify_ms"] = 1000 * res.verify_s / res.verify_steps
+        row["index_ms"] = 1000 * res.extra.get("index_update_s", 0.0) / res.verify_steps
+        row["other_ms"] = 1000 * (res.overhead_s - res.extra.get("index_update_s", 0.0)) / res.verify_steps
     return row
 
 
@@ -219,7 +224,8 @@ def main(argv=None) -> dict:
                        "tok_s": statistics.fmean(rates), "tok_s_std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
                        "output_ids": runs[0]["output_ids"], "floor_tok_s": floor, "prefill_s": prefill_s,
                        "hf_prefill_s": hf_prefill_s, "peak_rss_gb": peak_rss_gb()}
-                for key in ("acceptance", "tau", "gamma", "k_mean", "index_share"):
+                for key in ("acceptance", "tau", "gamma", "k_mean", "index_share", "draft_ms", "verify_ms",
+                            "index_ms", "other_ms"):
                     vals = [r[key] for r in runs if r.get(key) is not None]
                     row[key] = statistics.fmean(vals) if vals else None
                 rows.append(row)
@@ -281,6 +287,14 @@ def to_markdown(report: dict) -> str:
                 f"{_fmt(mean('k_mean'), '{:.1f}')} | {_fmt(mean('index_share'), '{:.1%}')} | {same('ar') or '—'} | "
                 f"{same('hf') or '—'} | {mean('prefill_s'):.1f} / {_fmt(mean('hf_prefill_s'), '{:.1f}')} | "
                 f"{max(r['peak_rss_gb'] for r in rs):.1f} |")
+    prof = [r for r in report["rows"] if r.get("draft_ms") is not None]
+    if prof:
+        lines += ["", "Where a round's time goes (ms per round, mean over samples): drafting all its tokens, the "
+                  "verification pass, the recall-index update, and the rest (sampling, bookkeeping, Python).", "",
+                  "| ctx | method | draft | verify | index update | other |", "|---|---|---|---|---|---|"]
+        for r in prof:
+            lines.append(f"| {_ctx_label(r['ctx'])} | {r['method']} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} | "
+                         f"{r['index_ms']:.1f} | {r['other_ms']:.1f} |")
     return "\n".join(lines)
 
 
