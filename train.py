@@ -5,15 +5,23 @@ Thin entry point: Hydra composes conf/train.yaml, sparsespec.training.run.train 
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from sparsespec.config import ConfigError
     from sparsespec.training.run import train
 
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except ConfigError as e:  # a bad key or value: one clear line, no traceback, nothing written
+        logging.getLogger("train").error("%s", e)
+        sys.exit(2)
     # returned for Hydra sweepers / Optuna: the checkpoint monitor
     return result["metrics"].get("val/acceptance")
 

@@ -132,6 +132,9 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, Any]
             export_dir = export_drafter(module.drafter, tokenizer, out_dir, info=summary,
                                         update_latest=cfg.get("update_latest", True))
             log.info("exported drafter to %s", export_dir)
+            from sparsespec.tracking import log_drafter_artifact
+
+            log_drafter_artifact(trainer.loggers, export_dir)
         (out_dir / "metrics.json").write_text(json.dumps(summary, indent=1, default=str))
         log.info("untrained %s\nfinal %s", untrained, final)
     return {"trainer": trainer, "module": module, "datamodule": datamodule, "export_dir": export_dir,
