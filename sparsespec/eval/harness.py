@@ -116,11 +116,8 @@ def _validate(cfg: DictConfig, method_cfgs: list[DictConfig] | None) -> None:
     """sparsespec.config's schema and range checks (a misspelt key, a wrong type, a value out of range)."""
     from sparsespec.config import ConfigError, validate_evaluate_config
 
-    # `logger` (the experiment-logger group, read by evaluate.py after the run) is not part of the
-    # schema yet; everything else is checked.
-    checked = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "logger"]) if "logger" in cfg else cfg
     try:
-        validate_evaluate_config(checked, method_cfgs)
+        validate_evaluate_config(cfg, method_cfgs)
     except ConfigError as e:
         raise EvaluationError(str(e)) from e
 
