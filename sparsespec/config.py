@@ -70,6 +70,7 @@ class RuntimeConfig:
     repeats: int = 1  # decode each (sample, method) this many times; wall_s is the mean
     progress: bool = True
     memory_guard: bool = True
+    share_prefill: bool = True  # prefill each sample once for every method (see harness.SharedPrefill)
 
 
 @dataclass

@@ -460,3 +460,27 @@ def test_build_report_in_process_matches_summarize(tmp_path):
     assert report["summary"] == summarize(rows)
     assert [Path(p).name for p in report["plots"]] == list(PLOTS)
     assert "| magicdec | pg19 | 4k | 1 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_shared_prefill_runs_the_prompt_once_and_changes_nothing(env, tmp_path, monkeypatch):
+    """runtime.share_prefill: one long prefill per sample for all methods, the same rows as without."""
+    from sparsespec.models.runner import CausalLM
+
+    lengths = []
+    real = CausalLM.prefill
+
+    def counting(self, ids, *a, **kw):
+        lengths.append(int(ids.shape[0]))
+        return real(self, ids, *a, **kw)
+
+    monkeypatch.setattr(CausalLM, "prefill", counting)
+    methods = ("ar", "magicdec", "sparsespec_l")
+    shared = run_inproc(env, tmp_path / "shared", "limit=2", methods=methods)
+    long_runs = [n for n in lengths if n > 64]
+    lengths.clear()
+    alone = run_inproc(env, tmp_path / "alone", "limit=2", "runtime.share_prefill=false", methods=methods)
+    assert len(long_runs) == 2 and len([n for n in lengths if n > 64]) == 6  # one per sample vs one per run
+    key = lambda r: (r["sample_id"], r["method"])  # noqa: E731
+    for a, b in zip(sorted(shared, key=key), sorted(alone, key=key), strict=True):
+        assert key(a) == key(b) and a["output_ids"] == b["output_ids"]
+        assert a["acceptance_rate"] == b["acceptance_rate"] and a["prefill_s"] > 0
