@@ -163,27 +163,32 @@ def main(argv=None) -> dict:
     ctxs = [parse_ctx(c) for c in args.ctx.split(",")]
     specs = [s for s in args.methods.split(",") if s]
     hf_full_max = parse_ctx(args.hf_full_max)
-    loaded = load_model(args.model_path, args.dtype, ctx=max(ctxs) + args.new_tokens)
-    hf, tok = loaded.model, loaded.tokenizer
-    hf.generation_config.eos_token_id = None  # decode exactly N tokens, as our engine does
-    hf.generation_config.pad_token_id = tok.pad_token_id or 0
-    target = CausalLM(hf)
     ours = {s: our_method(s) for s in specs if s not in HF_METHODS}
-    drafter = drafter_hf = None
+    drafter_path = None
     if any(m.drafter == "model" for m in ours.values()) or "hf_assisted" in specs:
-        path = args.drafter_path
-        if path is None:
+        drafter_path = args.drafter_path
+        if drafter_path is None:
             from sparsespec.training.export import latest_drafter_path
 
-            path = latest_drafter_path()
-            if path is None:
+            drafter_path = latest_drafter_path()
+            if drafter_path is None:
                 raise SystemExit("no drafter: pass --drafter-path DIR or run `python train.py budget=multi` first")
-        d = load_model(str(path), args.dtype)
-        check_same_tokenizer(tok, d.tokenizer, what=f"--drafter-path={path}")
-        drafter_hf = d.model
-        drafter_hf.generation_config.eos_token_id = None
-        drafter = CausalLM(drafter_hf)
 
+    def models_for(ctx: int):
+        """Target (and drafter) as evaluate.py loads them for this ctx: RoPE scaling only past the
+        trained positions, so short contexts run the unmodified model."""
+        loaded = load_model(args.model_path, args.dtype, ctx=ctx + args.new_tokens)
+        loaded.model.generation_config.eos_token_id = None  # decode exactly N tokens, as our engine does
+        loaded.model.generation_config.pad_token_id = loaded.tokenizer.pad_token_id or 0
+        d = None
+        if drafter_path is not None:
+            d = load_model(str(drafter_path), args.dtype, ctx=ctx + args.new_tokens)
+            check_same_tokenizer(loaded.tokenizer, d.tokenizer, what=f"--drafter-path={drafter_path}")
+            d.model.generation_config.eos_token_id = None
+        return loaded.model, loaded.tokenizer, d.model if d else None
+
+    hf, tok, _ = models_for(min(ctxs))
+    target = CausalLM(hf)
     bw = read_bandwidth_gbs()
     weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     kv_per_token = 2 * target.n_layers * target.n_kv_heads * target.head_dim * torch.finfo(target.dtype).bits // 8
@@ -192,6 +197,8 @@ def main(argv=None) -> dict:
 
     rows = []
     for ctx in ctxs:
+        hf, tok, drafter_hf = models_for(ctx)
+        target, drafter = CausalLM(hf), CausalLM(drafter_hf) if drafter_hf is not None else None
         samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples)
         for sample in samples:
             prompt = sample.prompt_ids
