@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sparsespec.kv.cache import KVCache
@@ -59,6 +60,27 @@ class CausalLM:
         self.dtype = self.lm_head.weight.dtype
         self.device = self.lm_head.weight.device
         self.forward_calls = 0  # counted so tests can prove that e.g. index refreshes add no forward
+        self._fuse()
+
+    def _fuse(self) -> None:
+        """Concatenate q/k/v and gate/up weights per layer: one matmul each instead of three and two.
+
+        A decode step is a few thousand small ops around bandwidth-bound matmuls; fewer, larger ops
+        is most of what keeps it near the bandwidth floor (docs/performance.md). The fused copies are
+        taken now: build the CausalLM after the weights are final (it is an inference wrapper).
+        """
+        self._qkv, self._gate_up = [], []
+        for layer in self.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            biases = [m.bias for m in (a.q_proj, a.k_proj, a.v_proj)]
+            b = torch.cat([bb if bb is not None else torch.zeros(m.out_features, dtype=w.dtype, device=w.device)
+                           for bb, m in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)]).detach() \
+                if any(bb is not None for bb in biases) else None
+            self._qkv.append((w, b))
+            gated = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+            no_bias = gated and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
+            self._gate_up.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() if no_bias else None)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -88,8 +110,8 @@ class CausalLM:
         cos, sin = self.rotary(x, positions[None])
         cos, sin = cos[0], sin[0]  # [n, D]
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(layer, i, layer.input_layernorm(x), cos, sin, cache, mask, capture)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._attention(layer, i, _norm(layer.input_layernorm, x), cos, sin, cache, mask, capture)
+            x = x + self._mlp(layer, i, _norm(layer.post_attention_layernorm, x))
         cache.advance(n)
         if logits == "none":
             return None
@@ -97,17 +119,26 @@ class CausalLM:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))[0].float()
 
+    def _mlp(self, layer, i, h):
+        w = self._gate_up[i]
+        if w is None:
+            return layer.mlp(h)
+        gate, up = F.linear(h, w).chunk(2, dim=-1)
+        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
     def _attention(self, layer, i, h, cos, sin, cache, mask, capture):
         attn = layer.self_attn
-        n = h.shape[1]
-        q = attn.q_proj(h).view(n, -1, self.head_dim)
-        k = attn.k_proj(h).view(n, -1, self.head_dim)
-        v = attn.v_proj(h).view(n, -1, self.head_dim)
+        n, hq = h.shape[1], self.n_heads
+        w, b = self._qkv[i]
+        qkv = F.linear(h[0], w, b).view(n, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, n, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+            q = attn.q_norm(qkv[:hq].transpose(0, 1)).transpose(0, 1)
+            k = attn.k_norm(qkv[hq : hq + self.n_kv_heads].transpose(0, 1)).transpose(0, 1)
+            qk = torch.cat([q, k])
+        else:
+            qk = qkv[: hq + self.n_kv_heads]
+        qk = qk * cos + _rotate_half(qk) * sin  # q and k share one RoPE pass
+        q, k, v = qk[:hq], qk[hq:], qkv[hq + self.n_kv_heads :]
         keys, values = cache.write(i, k, v)
         out, probs = attend(q, keys, values, self.scale, mask, capture.last if capture else 0)
         if capture is not None:
@@ -144,6 +175,18 @@ class CausalLM:
             if progress:
                 progress(block.shape[0])
         return out
+
+
+def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm module in one fused op where that is exact (float32), else the module itself."""
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None or x.dtype != torch.float32 or type(module).__name__ not in _RMS_NORMS:
+        return module(x)
+    return F.rms_norm(x, module.weight.shape, module.weight, eps)
+
+
+# HF RMSNorm classes that compute weight * x * rsqrt(mean(x^2) + eps) in float32 (checked in tests)
+_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
