@@ -245,6 +245,7 @@ def main(argv=None) -> dict:
     table = to_markdown(report)
     print(table)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.write:
         write_section(Path(args.write), args.name, table)

@@ -16,7 +16,7 @@ import torch
 from conftest import random_prompt, tiny_hf
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import Callback
-from test_training import CONF, _text, make_tokenizer, overrides, tiny_target
+from test_training import CONF, _text, make_env, overrides, tiny_target
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sparsespec.config import ConfigError, register_configs, validate_evaluate_config, validate_train_config
@@ -47,15 +47,7 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    tok = make_tokenizer()
-    target = tiny_target(len(tok))
-    model_dir = root / "target"
-    target.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": _text(100 + i)}) + "\n" for i in range(4)))
-    return {"root": root, "tok": tok, "target": target, "model_dir": model_dir, "corpus": corpus}
+    return make_env(tmp_path_factory.mktemp("reliability"))
 
 
 @pytest.fixture

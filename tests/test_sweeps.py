@@ -12,60 +12,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
+from test_training import make_env
 
 from sparsespec import tracking
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 SWEEPS = sorted((CONF / "sweep").glob("*.yaml"))
-WORDS = ("the river ferryman crossed story question answer book key pass value green sky blue sun "
-         "yellow grass there back again hidden text quiz chain read passages old man sea boat").split()
-
-
-def _text(seed: int, n: int = 700) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n)) + "."
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([_text(i) for i in range(5)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A 4-layer tiny Llama target (drafter.n_layers up to 4 is in the training sweep) and a corpus."""
-    root = tmp_path_factory.mktemp("sweeps")
-    tok = _tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
-    model_dir = root / "target"
-    LlamaForCausalLM(cfg).eval().save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": _text(100 + i)}) + "\n" for i in range(4)))
-    return {"root": root, "model_dir": model_dir, "corpus": corpus}
+    return make_env(tmp_path_factory.mktemp("sweeps"), layers=4, text_words=700)
 
 
 def tiny_overrides(program: str, tiny: dict) -> dict:

@@ -55,25 +55,29 @@ def make_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
-def tiny_target(vocab: int, seed: int = 0) -> LlamaForCausalLM:
+def tiny_target(vocab: int, seed: int = 0, layers: int = 3) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       initializer_range=0.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
     return LlamaForCausalLM(cfg).eval()
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("training")
+def make_env(root: Path, layers: int = 3, text_words: int = 600) -> dict:
+    """A tiny target directory (model + tokenizer) and a 4-document corpus under root."""
     tok = make_tokenizer()
-    target = tiny_target(len(tok))
+    target = tiny_target(len(tok), layers=layers)
     model_dir = root / "target"
     target.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": _text(100 + i)}) + "\n" for i in range(4)))
+    corpus.write_text("".join(json.dumps({"text": _text(100 + i, text_words)}) + "\n" for i in range(4)))
     return {"root": root, "tok": tok, "target": target, "model_dir": model_dir, "corpus": corpus}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return make_env(tmp_path_factory.mktemp("training"))
 
 
 @pytest.fixture(autouse=True)

@@ -125,8 +125,9 @@ class SpeculativeEngine:
                 first = new[-1]
             res.output_ids = new[:max_new_tokens]
         res.wall_s = time.perf_counter() - t0
-        if hasattr(self.controller, "report"):
-            res.extra.update(self.controller.report())
+        for part in (self.controller, getattr(drafter, "view", None)):  # controller and view reports
+            if hasattr(part, "report"):
+                res.extra.update(part.report())
         return res
 
     def _round(self, state: DecodeState, res: GenerationResult, remaining: int, sampling, gen) -> int:
