@@ -59,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write raw results here")
     p.add_argument("--write", default=None, help="markdown file to put the table in (a section per --name)")
     p.add_argument("--name", default="decode", help="section name in the markdown file")
+    p.add_argument("--plot", default=None, help="PNG of decode tok/s vs ctx per method")
     return p.parse_args(argv)
 
 
@@ -249,7 +250,39 @@ def main(argv=None) -> dict:
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.write:
         write_section(Path(args.write), args.name, table)
+    if args.plot:
+        plot_rows(rows, Path(args.plot))
     return report
+
+
+def plot_rows(rows: list[dict], path: Path) -> None:
+    """Decode tokens/s vs context per method (mean over samples, error bar = repeat std)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        pts = sorted({r["ctx"] for r in rows if r["method"] == method})
+        ys = [statistics.fmean(r["tok_s"] for r in rows if r["method"] == method and r["ctx"] == c) for c in pts]
+        es = [statistics.fmean(r["tok_s_std"] for r in rows if r["method"] == method and r["ctx"] == c) for c in pts]
+        ax.errorbar(pts, ys, yerr=es, marker="o", ls="--" if method.startswith("hf") else "-", label=method,
+                    color=f"C{i % 10}")
+    floors = sorted({(r["ctx"], r["floor_tok_s"]) for r in rows})
+    ax.plot([c for c, _ in floors], [f for _, f in floors], color="grey", lw=3, alpha=0.4, label="bandwidth floor (AR)")
+    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tokens/s")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(sorted({r["ctx"] for r in rows}), [_ctx_label(c) for c in sorted({r["ctx"] for r in rows})])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ticks = [t for t in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+             if min(r["tok_s"] for r in rows) / 1.5 <= t <= max(r["floor_tok_s"] for r in rows) * 1.5]
+    ax.set_yticks(ticks, [str(t) for t in ticks])
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _compare(rows: list[dict]) -> None:

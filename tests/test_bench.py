@@ -36,7 +36,7 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     methods = "hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,sparsespec_l:controller=fixed:k=3"
     report = bench.main(["--ctx", "400,700", "--new-tokens", "12", "--repeats", "2", "--methods", methods,
                          "--model-path", str(target), "--drafter-path", str(drafter), "--data", str(data),
-                         "--hf-full-max", "512", "--write", str(md), "--threads", "1"])
+                         "--hf-full-max", "512", "--write", str(md), "--threads", "1", "--plot", str(tmp_path / "s.png")])
     rows = report["rows"]
     got = {(r["ctx"], r["method"]) for r in rows}
     assert {(400, m) for m in methods.split(",")} <= got
@@ -46,6 +46,7 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
         assert len(r["output_ids"]) == 12 and r["tok_s"] > 0 and r["floor_tok_s"] > 0
         if r["method"] not in ("hf", "hf_assisted", "hf_lookup", "ar"):
             assert 0 <= r["acceptance"] <= 1 and r["gamma"] > 0
+    assert (tmp_path / "s.png").stat().st_size > 1000
     text = md.read_text()
     assert "intro stays" in text and text.count("<!-- bench:decode -->") == 1 and "| 400 | sparsespec_l |" in text
     bench.write_section(md, "decode", "new body")
