@@ -10,8 +10,9 @@ The fast path (CPU, default causal-block visibility) splits the keys in two, as 
   G query heads of a KV group are folded into its query rows, so every key is read once per KV
   head and no mask over the whole context is built;
 - the block [T - n, T) of the new tokens, causal among themselves: small, computed directly.
-The two partial results are merged by their log-sum-exp. It is 1.3-8x faster than masked SDPA on
-this project's CPU (bf16 most), see docs/performance.md. Other devices and explicit masks (sparse
+The two partial results are merged by their log-sum-exp. Measured in isolation per layer, the
+decode step is 1.25x (fp32) to 8x (bf16, 32k keys) faster than the explicit-probabilities path it
+replaced, which remains as the reference (docs/performance.md). Other devices and explicit masks (sparse
 views computed by a drafter, training parity) take the reference path.
 """
 
@@ -103,8 +104,7 @@ def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 def _merge(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
     """Combine partial attentions over disjoint key sets, [.., parts, rows, D] with their LSEs
-    [.., parts, rows], into one over their union (weights exp(lse_i - lse_all)). amax + exp instead
-    of torch.logsumexp: the same value, a third of the time on these small tensors."""
+    [.., parts, rows], into one over their union (weights exp(lse_i - lse_all) / sum)."""
     w = (lses - lses.amax(1, keepdim=True)).exp()
     return (outs.float() * w[..., None]).sum(1) / w.sum(1)[..., None]
 
