@@ -484,3 +484,15 @@ def test_shared_prefill_runs_the_prompt_once_and_changes_nothing(env, tmp_path, 
     for a, b in zip(sorted(shared, key=key), sorted(alone, key=key), strict=True):
         assert key(a) == key(b) and a["output_ids"] == b["output_ids"]
         assert a["acceptance_rate"] == b["acceptance_rate"] and a["prefill_s"] > 0
+
+
+def test_low_precision_speculative_run_warns_about_token_identity(env, tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="sparsespec.eval.harness"):
+        run_inproc(env, tmp_path / "bf16", "model.dtype=bfloat16", "gen.max_new_tokens=4", methods=("magicdec",))
+    assert any("model.dtype=bfloat16" in r.getMessage() and "float32" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparsespec.eval.harness"):
+        run_inproc(env, tmp_path / "fp32", "gen.max_new_tokens=4", methods=("magicdec",))
+    assert not any("near-tied" in r.getMessage() for r in caplog.records)
