@@ -38,7 +38,6 @@ from sparsespec.config import parse_ctx  # noqa: E402
 
 log = logging.getLogger("bench")
 HF_METHODS = ("hf", "hf_assisted", "hf_lookup")
-REUSE_TAIL = 64  # prompt tokens each run prefills itself (a view's prefill capture needs real queries)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -114,10 +113,21 @@ def run_hf(kind: str, hf, drafter_hf, prompt, n, shared, config) -> dict:
     return {"output_ids": out, "decode_s": tn - t1, "decode_tok_s": (n - 1) / (tn - t1)}
 
 
+def prefill_once(target, sample, new_tokens: int):
+    """The harness' shared prefill (all but the prompt's tail), reused by every run on this prompt."""
+    from sparsespec.eval.harness import SharedPrefill
+
+    cache, seconds = SharedPrefill(target, chunk=1024).get(sample, new_tokens)
+    if cache is None:
+        raise SystemExit(f"--ctx must exceed {2 * SharedPrefill.TAIL} tokens (prompt {sample.sample_id})")
+    return cache, seconds
+
+
 def run_ours(method, target, drafter, prompt, n, shared) -> dict:
     engine = method.build(target, drafter)
+    head = shared.length
     res = engine.generate(prompt, n, cache=shared)
-    shared.crop(len(prompt) - REUSE_TAIL)
+    shared.crop(head)
     row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
            "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens}
     if res.draft_steps and res.verify_steps:
@@ -203,15 +213,12 @@ def main(argv=None) -> dict:
         samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples)
         for sample in samples:
             prompt = sample.prompt_ids
-            shared = target.new_cache(len(prompt) + args.new_tokens + 64)
-            t0 = time.perf_counter()
-            target.prefill(torch.tensor(prompt[:-REUSE_TAIL]), shared)
-            prefill_s = time.perf_counter() - t0
+            shared, prefill_s = prefill_once(target, sample, args.new_tokens)
             hf_prefill_s = None
             if ctx <= hf_full_max:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
-                    hf(torch.tensor([prompt[:-REUSE_TAIL]]), use_cache=True)
+                    hf(torch.tensor([prompt[: shared.length]]), use_cache=True)
                 hf_prefill_s = time.perf_counter() - t0
             log.info("ctx %d %s: prefill ours %.1f s, HF %s", ctx, sample.sample_id, prefill_s,
                      f"{hf_prefill_s:.1f} s" if hf_prefill_s else "-")

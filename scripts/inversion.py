@@ -15,7 +15,6 @@ import json
 import logging
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -64,10 +63,8 @@ def main(argv=None) -> dict:
     rows = []
     for sample in load_samples("pg19", loaded.tokenizer, ctx, path=args.data, limit=args.samples):
         prompt = sample.prompt_ids
-        shared = target.new_cache(len(prompt) + args.new_tokens + 64)
-        t0 = time.perf_counter()
-        target.prefill(torch.tensor(prompt[: -bench.REUSE_TAIL]), shared)
-        log.info("%s: prefill %.1f s", sample.sample_id, time.perf_counter() - t0)
+        shared, prefill_s = bench.prefill_once(target, sample, args.new_tokens)
+        log.info("%s: prefill %.1f s", sample.sample_id, prefill_s)
         walls: dict[str, list[float]] = {}
         stats: dict[str, list[dict]] = {}
         for rep in range(args.repeats + 1):  # run 0 warms up

@@ -62,9 +62,10 @@ class SelfDrafter:
         kmax = controller.max_draft()
         idx = self.view.select(length, model.n_layers, model.n_kv_heads, model.device)
         # Full view: draft straight into the target cache and roll back; else a compact copy.
-        if idx is not None:
-            self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
-        cache = state.cache if idx is None else self._compact
+        if idx is None:
+            cache = state.cache
+        else:
+            cache = self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
         base = cache.length
         tok, out, qs, ents = state.tokens[-1], [], [], []
         while True:
