@@ -5,7 +5,7 @@ import torch
 from conftest import random_prompt, tiny_hf
 
 from sparsespec.kv.cache import KVCache
-from sparsespec.models.attention import attend, causal_block_mask
+from sparsespec.models.attention import attention_mass, attend, causal_block_mask
 from sparsespec.models.runner import CausalLM
 
 
@@ -41,11 +41,14 @@ def test_attend_equals_reference(n, total, hq, hkv):
     rep_k, rep_v = k.repeat_interleave(hq // hkv, 0), v.repeat_interleave(hq // hkv, 0)
     scores = (q @ rep_k.transpose(1, 2) * 0.25).masked_fill(~mask, float("-inf"))
     ref = scores.softmax(-1) @ rep_v
-    out, probs = attend(q, k, v, 0.25, capture_last=2)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
-    # captured probabilities: last 2 queries, summed over each KV head's query group
-    ref_p = scores.softmax(-1)[:, n - min(2, n) :].reshape(hkv, hq // hkv, -1, total).sum(1)
-    torch.testing.assert_close(probs, ref_p, atol=1e-5, rtol=1e-4)
+    for mask_arg in (None, mask):  # the fast path (LSE from the fused kernel) and the reference path
+        out, lse = attend(q, k, v, 0.25, mask=mask_arg, lse_rows=2)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+        c = min(2, n)
+        torch.testing.assert_close(lse, scores.logsumexp(-1)[:, n - c :], atol=1e-5, rtol=1e-4)
+        # the probabilities recovered from the LSE, summed over each KV head's query group
+        ref_p = scores.softmax(-1)[:, n - c :].reshape(hkv, hq // hkv, c, total).sum(1)
+        torch.testing.assert_close(attention_mass(q[:, n - c :], lse, k, 0.25), ref_p, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,10 +67,13 @@ def test_fast_attention_equals_reference_path(dtype, hq, hkv):
             if n > total:
                 continue
             q = torch.randn(hq, n, 64, dtype=dtype)
-            fast, _ = attend(q, k, v, 0.125)
+            fast, lse = attend(q, k, v, 0.125, lse_rows=n)
             ref = _attend_reference(q.float(), k.float(), v.float(), 0.125, None)
             assert fast.dtype == dtype and fast.shape == (hq, n, 64)
             torch.testing.assert_close(fast.float(), ref, **tol, msg=f"total={total} n={n}")
+            # the merged log-sum-exp the recall index relies on
+            _, ref_lse = attend(q.float(), k.float(), v.float(), 0.125, mask=causal_block_mask(n, total), lse_rows=n)
+            torch.testing.assert_close(lse, ref_lse, **tol, msg=f"lse total={total} n={n}")
 
 
 def test_cache_crop_and_gather():

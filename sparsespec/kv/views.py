@@ -73,7 +73,7 @@ class KVView:
         k_recent = self.k_recent if self.k_recent is not None else 0
         fixed = torch.cat([torch.arange(self.k_sink), torch.arange(length - k_recent, length)]).to(device)
         middle = scores[..., self.k_sink : length - k_recent]
-        top = middle.topk(budget - fixed.numel(), dim=-1).indices + self.k_sink
+        top = middle.topk(budget - fixed.numel(), dim=-1, sorted=False).indices + self.k_sink  # sorted below
         idx = torch.cat([fixed.expand(n_layers, n_kv_heads, -1), top], dim=-1)
         return idx.sort(dim=-1).values
 

@@ -1,9 +1,12 @@
-"""Grouped-query attention over a KV cache, with optional capture of attention probabilities.
+"""Grouped-query attention over a KV cache, with the log-sum-exp that lets the recall index recover
+attention probabilities afterwards.
 
 Why our own: the engine needs three things transformers' attention path does not give cheaply — no
 repeat_kv copy of the keys for GQA, a causal block of q new tokens at the end of an arbitrary
 (possibly gathered, per-head) key set, and the attention mass per KV head that the recall index
-reuses from verification at no extra forward.
+reuses from verification at no extra forward. The fused kernel never materialises probabilities,
+but it returns each query's log-sum-exp; `attention_mass` turns that back into exact probabilities
+for just the queries that were accepted, one matmul over the keys (docs/performance.md).
 
 The fast path (CPU, default causal-block visibility) splits the keys in two, as LongSpec does:
 - the prefix [0, T - n), visible to every new query: one fused flash-attention call in which the
@@ -45,38 +48,58 @@ def attend(
     v: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None = None,
-    capture_last: int = 0,
+    lse_rows: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of n queries over T cached keys, the queries being the last n entries of the cache.
 
     q: [Hq, n, D]; k, v: [Hkv, T, D]; mask: optional [n, T] bool (True = visible) replacing the
-    default causal-block mask. Returns (out [Hq, n, D], probs) where probs is None unless
-    capture_last > 0, then [Hkv, capture_last, T]: the attention probabilities of the last
-    `capture_last` queries summed over the query heads of each KV group.
+    default causal-block mask. Returns (out [Hq, n, D], lse) where lse is None unless lse_rows > 0,
+    then [Hq, min(lse_rows, n)] float32: the log-sum-exp of the scaled scores of the last lse_rows
+    queries. With it, `attention_mass` recovers those queries' probabilities later, for the rows
+    that turn out to matter, without the fused kernel ever materialising them.
     """
+    c = min(lse_rows, q.shape[1])
     if mask is None and _FLASH_CPU is not None and q.device.type == "cpu":
-        out = _attend_split(q, k, v, scale)
-    else:
-        out = _attend_reference(q, k, v, scale, mask)
-    probs = None
-    if capture_last:
-        n, total = q.shape[1], k.shape[1]
-        c = min(capture_last, n)
-        m = causal_block_mask(n, total, q.device) if mask is None else mask
-        # one more pass over the keys: the cost of the recall index's statistics (docs/performance.md)
-        probs = _probs(q[:, n - c :], k, scale, m[n - c :], q.shape[0] // k.shape[0]).sum(1)
-    return out, probs
+        out, lse = _attend_split(q, k, v, scale)
+        return out, (lse[:, q.shape[1] - c :] if c else None)
+    out = _attend_reference(q, k, v, scale, mask)
+    if not c:
+        return out, None
+    n, total = q.shape[1], k.shape[1]
+    m = (causal_block_mask(n, total, q.device) if mask is None else mask)[n - c :]
+    scores = _scores(q[:, n - c :], k, scale, m, q.shape[0] // k.shape[0])  # [Hkv, G, c, T]
+    return out, torch.logsumexp(scores, -1).reshape(q.shape[0], c)
 
 
-def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal-block attention as prefix (flash, GQA folded into rows) + block, merged by LSE."""
+def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention probabilities of c queries that were the last c positions of the keys k, summed
+    over the query heads of each KV group: [Hkv, c, T] float32.
+
+    q: [Hq, c, D] (after RoPE, as attended); lse: [Hq, c] from `attend(lse_rows=...)`; k: [Hkv, T, D].
+    exp(q.k * scale - lse) is each probability exactly, so no max/sum pass over the keys is needed:
+    one matmul over the keys, one exp, one sum over the group.
+    """
+    hq, c, d = q.shape
+    hkv, total, _ = k.shape
+    group = hq // hkv
+    s = q.reshape(hkv, group * c, d) @ k.transpose(1, 2)  # [Hkv, G*c, T]
+    s = s.float() if s.dtype != torch.float32 else s
+    s = s.mul_(scale).sub_(lse.reshape(hkv, group * c, 1)).exp_().view(hkv, group, c, total)
+    tail = min(c, total)  # query j (of c) sees keys up to total - c + j: zero the later ones
+    s[..., total - tail :].masked_fill_(~causal_block_mask(c, tail, q.device)[-c:], 0.0)
+    return s.sum(1)
+
+
+def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal-block attention as prefix (flash, GQA folded into rows) + block, merged by LSE.
+    Returns (out [Hq, n, D], lse [Hq, n] float32)."""
     hq, n, d = q.shape
     hkv, total, _ = k.shape
     group = hq // hkv
     if n == 1:  # a decode / draft step sees every key: one call, nothing to merge
         splits = PREFIX_SPLITS if total >= SPLIT_FROM else 1
         if total % splits == 0:
-            return _flash_prefix(q, k, v, scale, splits, n)[0]
+            return _flash_prefix(q, k, v, scale, splits, n)
     prefix = total - n
     # A decode/verify step has only Hkv * 1 work items for the kernel's threads (3 for SmolLM2 on 2
     # cores: one idles a third of the time); cutting the prefix into key ranges balances them.
@@ -95,23 +118,26 @@ def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
                                   vb.repeat_interleave(group, 0)[None], is_causal=True, scale=scale)
         out_b, lse_b = out_b[0].reshape(hkv, group * n, d), lse_b[0].reshape(hkv, group * n)
     if prefix == 0:
-        return out_b.reshape(hq, n, d)
+        return out_b.reshape(hq, n, d), lse_b.float().reshape(hq, n)
     out_p, lse_p = _flash_prefix(q, k[:, :prefix], v[:, :prefix], scale, splits, n, merge=False)
     # merge every partial result by its log-sum-exp, vectorised: [Hkv, parts, G*n, (D)]
-    outs = torch.cat([out_p, out_b[:, None]], 1)
-    return _merge(outs, torch.cat([lse_p, lse_b[:, None]], 1)).to(q.dtype).reshape(hq, n, d)
+    out, lse = _merge(torch.cat([out_p, out_b[:, None]], 1), torch.cat([lse_p, lse_b[:, None]], 1))
+    return out.to(q.dtype).reshape(hq, n, d), lse.reshape(hq, n)
 
 
-def _merge(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+def _merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine partial attentions over disjoint key sets, [.., parts, rows, D] with their LSEs
-    [.., parts, rows], into one over their union (weights exp(lse_i - lse_all) / sum)."""
-    w = (lses - lses.amax(1, keepdim=True)).exp()
-    return (outs.float() * w[..., None]).sum(1) / w.sum(1)[..., None]
+    [.., parts, rows], into one over their union (weights exp(lse_i - lse_all)); returns the
+    output and the union's LSE, both float32."""
+    top = lses.float().amax(1, keepdim=True)
+    w = (lses - top).exp()
+    total = w.sum(1)
+    return (outs.float() * w[..., None]).sum(1) / total[..., None], top[:, 0] + total.log()
 
 
 def _flash_prefix(q, k, v, scale, splits, n, merge=True):
     """Flash attention of all n queries over all of k (len divisible by splits), GQA folded into rows.
-    merge=True: the output [Hq, n, D] and None; else per-split outputs and LSEs [Hkv, S, G*n, (D)]."""
+    merge=True: the output [Hq, n, D] and LSE [Hq, n]; else per-split outputs and LSEs [Hkv, S, G*n, (D)]."""
     hq, _, d = q.shape
     hkv, total, _ = k.shape
     rows = hq // hkv * n
@@ -122,8 +148,9 @@ def _flash_prefix(q, k, v, scale, splits, n, merge=True):
     if not merge:
         return out, lse
     if splits > 1:
-        out = _merge(out, lse).to(q.dtype)
-    return out.reshape(hq, n, d), None
+        out, lse = _merge(out, lse)
+        return out.to(q.dtype).reshape(hq, n, d), lse.reshape(hq, n)
+    return out.reshape(hq, n, d), lse.float().reshape(hq, n)
 
 
 def _attend_reference(q, k, v, scale, mask):
@@ -139,15 +166,14 @@ def _attend_reference(q, k, v, scale, mask):
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, scale=scale, enable_gqa=True)
         return out[0]
     m = causal_block_mask(n, total, q.device) if mask is None else mask
-    p = _probs(q, k, scale, m, group)  # [Hkv, G, n, T]
+    p = torch.softmax(_scores(q, k, scale, m, group), dim=-1)  # [Hkv, G, n, T]
     return (p.to(v.dtype).reshape(hkv, group * n, total) @ v).reshape(hq, n, d)
 
 
-def _probs(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor, group: int) -> torch.Tensor:
-    """Softmax(q k^T) per KV head without repeating keys: [Hkv, G, n, T] in float32."""
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor, group: int) -> torch.Tensor:
+    """Masked, scaled q k^T per KV head without repeating keys: [Hkv, G, n, T] in float32."""
     hq, n, d = q.shape
     hkv, total, _ = k.shape
     scores = (q.reshape(hkv, group * n, d) @ k.transpose(1, 2)).reshape(hkv, group, n, total)
     scores = scores.float() * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return scores.masked_fill(~mask, float("-inf"))

@@ -21,11 +21,13 @@ from sparsespec.models.attention import attend
 
 @dataclass
 class Capture:
-    """Ask a forward to report attention: `observe(layer, probs)` gets, for every layer, the
-    probabilities of the last `last` queries summed per KV head, [n_kv_heads, last, T]."""
+    """Ask a forward to report attention: `observe(layer, q, lse)` gets, for every layer, the last
+    `last` queries after RoPE, [n_heads, c, head_dim], and the log-sum-exp of their scores, [n_heads, c]
+    (c = min(last, n)). `attention.attention_mass` turns them into probabilities over the cache's
+    keys when (and for whichever of them) they are needed."""
 
     last: int
-    observe: Callable[[int, torch.Tensor], None]
+    observe: Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 class UnsupportedModelError(ValueError):
@@ -140,9 +142,9 @@ class CausalLM:
         qk = qk * cos + _rotate_half(qk) * sin  # q and k share one RoPE pass
         q, k, v = qk[:hq], qk[hq:], qkv[hq + self.n_kv_heads :]
         keys, values = cache.write(i, k, v)
-        out, probs = attend(q, keys, values, self.scale, mask, capture.last if capture else 0)
+        out, lse = attend(q, keys, values, self.scale, mask, lse_rows=capture.last if capture else 0)
         if capture is not None:
-            capture.observe(i, probs)
+            capture.observe(i, q[:, n - lse.shape[1] :], lse)
         return attn.o_proj(out.transpose(0, 1).reshape(1, n, -1))
 
     def prefill(
