@@ -3,7 +3,8 @@ memory over time (issue 9). Not a test: hours on a 2-core CPU at 128k.
 
 For each ctx: load the target (YaRN past its trained positions, as evaluate.py does), build a
 ctx-token prompt from running text (the shipped PG-19 books, or --text), check the memory guard,
-then decode --new-tokens with the method. Recorded:
+then decode --new-tokens with the method, and with each --compare method (default ar and magicdec)
+on the same prefilled cache, for the speedup and the first law (same tokens as ar). Recorded:
 
   rounds  per verification round: time, tokens drafted / accepted, tokens emitted so far, RSS
   memory  RSS sampled every --interval seconds by a thread, tagged load / prefill / decode
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import torch
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import check_method, parse_ctx, register_configs  # noqa: E402
 from sparsespec.decoding.sampling import Sampling  # noqa: E402
+from sparsespec.eval.harness import SharedPrefill  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 
@@ -137,7 +140,28 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
     engine.controller.observe = observe_and_record
     sampler.phase = "prefill"
     log.info("ctx %d: prefill of %d tokens", ctx, len(prompt))
-    res = engine.generate(prompt, args.new_tokens, Sampling(args.temperature, args.top_p), seed=args.seed)
+    # one prefill for the soaked method and every --compare method (the harness' SharedPrefill)
+    shared = SharedPrefill(target, args.prefill_chunk)
+    sample = SimpleNamespace(sample_id=f"soak-{ctx}", prompt_tokens=len(prompt), prompt_ids=prompt)
+    cache, shared_s = shared.get(sample, args.new_tokens)
+    head = cache.length if cache is not None else 0
+    sampling = Sampling(args.temperature, args.top_p)
+    res = engine.generate(prompt, args.new_tokens, sampling, seed=args.seed, cache=cache)
+    if cache is not None:
+        cache.crop(head)
+        res.prefill_s += shared_s
+    sampler.phase = "compare"
+    compare = []
+    for name in args.compare:
+        other = method_from_conf(name, [])
+        log.info("ctx %d: %s on the same prefill", ctx, name)
+        r = other.build(target, None, args.prefill_chunk).generate(prompt, args.new_tokens, sampling,
+                                                                    seed=args.seed, cache=cache)
+        if cache is not None:
+            cache.crop(head)
+        compare.append({"method": other.name, "new_tokens": r.new_tokens, "tokens_per_s": round(r.tokens_per_s, 3),
+                        "acceptance_rate": r.acceptance_rate, "mean_accepted_tokens": r.mean_accepted_tokens,
+                        "same_output": r.output_ids == res.output_ids})
     sampler.stop()
     decode = [r["rss_mib"] for r in rounds]
     start = decode[0] if decode else sampler.samples[-1]["rss_mib"]
@@ -151,10 +175,13 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
         "rss_peak_mib": max(s["rss_mib"] for s in sampler.samples + rounds) if rounds else None,
         "rss_decode_start_mib": start, "rss_decode_end_mib": end, "decode_growth_mib": round(growth, 1),
         "bounded": growth <= max(64.0, 0.05 * start),
+        "compare": compare,
+        "speedup_vs_ar": next((round(res.tokens_per_s / c["tokens_per_s"], 3) for c in compare
+                               if c["method"] == "ar"), None),
         "rounds": rounds, "memory": sampler.samples,
         "engine": {k: v for k, v in res.extra.items() if isinstance(v, int | float | str)},
     }
-    del engine, target, loaded
+    del engine, target, loaded, cache, shared
     gc.collect()
     return run
 
@@ -199,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ctx", nargs="+", default=["64k", "128k"], help="context lengths (labels or tokens)")
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--method", default="sparsespec_l", help="a conf/method name")
+    p.add_argument("--compare", default="ar,magicdec", type=lambda v: [m for m in v.split(",") if m],
+                   help="methods decoded after it on the same prefill, for speed and identity (\"\" for none)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra evaluate-config overrides, e.g. method.ratio=0.05")
     p.add_argument("--model-path", default=None, help="model dir / .gguf / hub id (default: the embedded model)")
@@ -235,7 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "soak.json").write_text(json.dumps(report, indent=1))  # after every ctx: a crash keeps the rest
     plot(runs, out / "soak.png")
     summary = [{k: r[k] for k in ("ctx", "new_tokens", "acceptance_rate", "mean_accepted_tokens", "tokens_per_s",
-                                  "rss_peak_mib", "decode_growth_mib", "bounded")} for r in runs]
+                                  "speedup_vs_ar", "rss_peak_mib", "decode_growth_mib", "bounded")}
+               | {f"{c['method']}_tok_s": c["tokens_per_s"] for c in r["compare"]}
+               | {f"same_as_{c['method']}": c["same_output"] for c in r["compare"]} for r in runs]
     print(json.dumps(summary, indent=1))
     print(f"wrote {out / 'soak.json'} and {out / 'soak.png'}")
     if statistics.fmean(1.0 if r["bounded"] else 0.0 for r in runs) < 1:

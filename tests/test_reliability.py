@@ -475,3 +475,7 @@ def test_soak_script_smoke(env, tmp_path):
     assert run["rounds"][-1]["tokens"] <= 24
     assert run["memory"] and all(m["rss_mib"] > 0 for m in run["memory"])
     assert report["runs"][0]["acceptance_rate"] == run["acceptance_rate"]
+    # the comparison methods decode from the same shared prefill, and the first law holds
+    assert [c["method"] for c in run["compare"]] == ["ar", "magicdec"]
+    assert all(c["same_output"] and c["new_tokens"] == 24 for c in run["compare"])
+    assert run["speedup_vs_ar"] > 0
