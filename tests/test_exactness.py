@@ -20,6 +20,7 @@ def drafters(family):
         "magicdec_r10": lambda: SelfDrafter(StreamingView(ratio=0.10, k_sink=2)),
         "recall_r10_w16": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, window=16)),
         "recall_r30_w4": lambda: SelfDrafter(RecallIndex(ratio=0.30, k_sink=4, k_recent=8, window=4)),
+        "recall_r10_every3": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, refresh_every=3)),
         "snapkv": lambda: SelfDrafter(RecallIndex(budget=32, k_sink=4, k_recent=8, refresh=False)),
         "sd": lambda: ModelDrafter(small, FullView()),
         "sd_sparse_b16": lambda: ModelDrafter(small, StreamingView(budget=16, k_sink=2), prefill_chunk=50),

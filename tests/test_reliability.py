@@ -83,6 +83,7 @@ EVAL_BAD = [
     (["method.k=0"], "method.k", "positive"),
     (["method=ar", "method.k=-1"], "method.k", "positive"),
     (["method.window=0"], "method.window", ">= 1"),
+    (["method.refresh_every=0"], "method.refresh_every", ">= 1"),
     (["method.controller=greedy"], "method.controller", "fixed, entropy"),
     (["method.view=sliding"], "method.view", "full, streaming, snapkv, recall"),
     (["method.beta=1.0"], "method.beta", "[0, 1)"),

@@ -1,5 +1,7 @@
 """SparseSpec-L's parts: the recall index scores, no extra forward, the entropy controller."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import random_prompt, tiny_hf
@@ -27,13 +29,19 @@ def brute_force_scores(hf, tokens, length, window):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("family,window,refresh", [("llama", 16, True), ("qwen2", 4, True), ("llama", 8, False)])
-def test_recall_index_equals_brute_force_topk(family, window, refresh):
+@pytest.mark.parametrize("family,window,refresh,every", [("llama", 16, True, 1), ("qwen2", 4, True, 1),
+                                                         ("llama", 8, False, 1), ("llama", 16, True, 3)])
+def test_recall_index_equals_brute_force_topk(family, window, refresh, every):
     hf = tiny_hf(family)
     target = CausalLM(hf)
     prompt = random_prompt(150, seed=2)
-    view = RecallIndex(budget=40, k_sink=4, k_recent=8, window=window, refresh=refresh)
-    res = SpeculativeEngine(target, SelfDrafter(view), FixedK(3)).generate(prompt, 25)
+    view = RecallIndex(budget=40, k_sink=4, k_recent=8, window=window, refresh=refresh, refresh_every=every)
+    cache = target.new_cache(200)
+    res = SpeculativeEngine(target, SelfDrafter(view), FixedK(3)).generate(prompt, 25, cache=cache)
+    if refresh:  # one refresh per `every` rounds; then bring in the rounds still waiting
+        assert res.extra["index_updates"] == res.verify_steps // every
+        if view._waiting:
+            view.ingest(SimpleNamespace(cache=cache, target=target), view._waiting)
     tokens = prompt + res.output_ids
     length = len(prompt) + res.new_tokens - 1  # the target cache: all but the pending token
     if refresh:

@@ -41,6 +41,7 @@ class MethodConfig:
     k_sink: int = 16
     k_recent: int | None = None
     window: int = 16  # recall index: verification queries that score the history
+    refresh_every: int = 1  # recall index: verification rounds per refresh (1: every round, the paper)
     candidates: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 20])
     beta: float = 0.9
     h_acc_init: float = 0.5
@@ -77,7 +78,7 @@ class Method(MethodConfig):
         def is_num(v) -> bool:
             return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # not nan
 
-        for key in ("k", "window", "k_sink") + (("budget",) if self.budget is not None else ()) + (
+        for key in ("k", "window", "refresh_every", "k_sink") + (("budget",) if self.budget is not None else ()) + (
                 ("k_recent",) if self.k_recent is not None else ()):
             if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
                 raise MethodConfigError(f"method.{key}={getattr(self, key)!r} has the wrong type: expected an integer")
@@ -85,6 +86,8 @@ class Method(MethodConfig):
             raise bad("k", "a positive draft length (>= 1)")
         if self.window <= 0:
             raise bad("window", "a positive number of verification queries (>= 1)")
+        if self.refresh_every <= 0:
+            raise bad("refresh_every", "a positive number of verification rounds (>= 1)")
         if self.k_sink < 0:
             raise bad("k_sink", "values >= 0")
         if self.k_recent is not None and self.k_recent < 0:
@@ -118,7 +121,7 @@ class Method(MethodConfig):
             if self.view == "streaming":
                 return StreamingView(**sizes, k_sink=self.k_sink, k_recent=self.k_recent)
             return RecallIndex(**sizes, k_sink=self.k_sink, k_recent=self.k_recent if self.k_recent is not None else 64,
-                               window=self.window, refresh=self.view == "recall")
+                               window=self.window, refresh=self.view == "recall", refresh_every=self.refresh_every)
         except ValueError as e:
             raise MethodConfigError(str(e)) from e
 

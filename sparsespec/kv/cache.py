@@ -80,10 +80,12 @@ class KVCache:
         if out is None or out.capacity < budget + extra:
             # slack: a ratio budget grows with the context; reallocate every ~64 tokens of it, not every round
             out = KVCache(n_layers, n_heads, self.head_dim, self.dtype, self.device, capacity=budget + extra + 64)
+        # index_select of whole rows per head: 4x faster here than torch.gather with the index
+        # expanded over head_dim, which moves one element at a time (docs/performance.md)
         for layer in range(n_layers):
-            idx = index[layer].unsqueeze(-1).expand(-1, -1, self.head_dim)
-            torch.gather(self.k[layer], 1, idx, out=out.k[layer][:, :budget])
-            torch.gather(self.v[layer], 1, idx, out=out.v[layer][:, :budget])
+            for h in range(n_heads):
+                torch.index_select(self.k[layer][h], 0, index[layer, h], out=out.k[layer][h, :budget])
+                torch.index_select(self.v[layer][h], 0, index[layer, h], out=out.v[layer][h, :budget])
         out.length = budget
         return out
 

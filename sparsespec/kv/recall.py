@@ -37,11 +37,17 @@ class RecallIndex(KVView):
     k_recent: int | None = 64
     window: int = 16  # W: verification queries whose attention scores the history
     refresh: bool = True
+    # Verification rounds per refresh. 1 (the paper): after every round. R > 1 batches the accepted
+    # queries of R rounds into one pass over the keys (they are consecutive positions, so the
+    # probabilities are the same); the index then lags by up to R - 1 rounds. The pass over the
+    # keys is most of a refresh's cost and grows little with the number of queries (docs/performance.md).
+    refresh_every: int = 1
     # running state (per generation)
     _rows: torch.Tensor | None = field(default=None, repr=False)  # [layers, W, Hkv, cap] ring of query rows
     _sum: torch.Tensor | None = field(default=None, repr=False)  # [layers, Hkv, cap] sum over the ring
     _slot: int = field(default=0, repr=False)  # the ring's oldest row
     _pending: dict = field(default_factory=dict, repr=False)  # layer -> (q, lse) of the last forward
+    _waiting: list = field(default_factory=list, repr=False)  # accepted (q, lse) per layer, per round not yet ingested
     update_s: float = field(default=0.0, repr=False)  # refreshes after verification (decode time)
     updates: int = field(default=0, repr=False)
     seed_s: float = field(default=0.0, repr=False)  # the prefill seeding (part of prefill time)
@@ -52,11 +58,13 @@ class RecallIndex(KVView):
         super().__post_init__()
         if self.window <= 0:
             raise ValueError(f"method.window must be a positive number of queries, got {self.window}")
+        if self.refresh_every <= 0:
+            raise ValueError(f"method.refresh_every must be a positive number of rounds, got {self.refresh_every}")
 
     # -- capture hooks used by the engine -------------------------------------------------------
     def prefill_capture(self) -> Capture:
         self._rows, self._sum, self._slot = None, None, 0
-        self._pending, self.update_s, self.updates, self.seed_s = {}, 0.0, 0, 0.0
+        self._pending, self._waiting, self.update_s, self.updates, self.seed_s = {}, [], 0.0, 0, 0.0
         return Capture(self.window, self._collect)
 
     def verify_capture(self) -> Capture | None:
@@ -70,36 +78,46 @@ class RecallIndex(KVView):
     def start(self, state) -> None:
         """After prefill: seed the window with the last W prompt queries."""
         t0 = time.perf_counter()
-        self.ingest(state, next(iter(self._pending.values()))[1].shape[1])
+        self.ingest(state, [self._pending])
+        self._pending = {}
         self.seed_s, self.update_s, self.updates = time.perf_counter() - t0, 0.0, 0
 
     def update(self, state, n_accepted: int) -> None:
         """After verification: the pending token and the accepted drafts were real queries."""
-        if self.refresh and self._pending:
-            self.ingest(state, n_accepted + 1)
+        if not (self.refresh and self._pending):
+            return
+        self._waiting.append({i: (q[:, : n_accepted + 1], lse[:, : n_accepted + 1])
+                              for i, (q, lse) in self._pending.items()})
+        self._pending = {}
+        if len(self._waiting) >= self.refresh_every:
+            self.ingest(state, self._waiting)
+            self._waiting = []
 
-    def ingest(self, state, n_queries: int) -> None:
-        """Add the first n_queries captured queries (now the last n_queries positions of the target
-        cache) to the window: their attention over the cache, recovered from their LSE."""
+    def ingest(self, state, batches: list[dict]) -> None:
+        """Add captured queries to the window: `batches` (oldest first) of {layer: (q, lse)}, whose
+        queries together are the last positions of the target cache (every real token is a query
+        exactly once, so the accepted queries of consecutive rounds are consecutive positions).
+        Their attention over the cache is recovered from their LSE."""
         t0 = time.perf_counter()
         cache, window = state.cache, self.window
         n_keys = cache.length
         if self._rows is None or self._rows.shape[-1] < n_keys:
             self._grow(cache.n_layers, cache.n_kv_heads, n_keys)
+        n_queries = sum(next(iter(b.values()))[1].shape[1] for b in batches)
         skip = max(0, n_queries - window)  # rows that would leave the window at once
         c = n_queries - skip
         first = (self._slot + skip) % window
         slots = torch.tensor([(first + j) % window for j in range(c)])
-        for layer, (q, lse) in self._pending.items():
-            mass = attention_mass(q[:, skip:n_queries], lse[:, skip:n_queries], cache.k[layer][:, :n_keys],
-                                  state.target.scale).transpose(0, 1)  # [c, Hkv, n_keys]
-            rows = self._rows[layer]
+        for layer in batches[0]:
+            q = torch.cat([b[layer][0] for b in batches], 1)[:, skip:]
+            lse = torch.cat([b[layer][1] for b in batches], 1)[:, skip:]
+            mass = attention_mass(q, lse, cache.k[layer][:, :n_keys], state.target.scale).transpose(0, 1)
+            rows = self._rows[layer]  # mass: [c, Hkv, n_keys]
             # rows only ever grow (the cache does), so a slot's old row is zero past its length
             old = rows.index_select(0, slots)[..., :n_keys]
             self._sum[layer, :, :n_keys] += mass.sum(0) - old.sum(0)
             rows[slots, :, :n_keys] = mass
         self._slot = (self._slot + n_queries) % window
-        self._pending = {}
         self.update_s += time.perf_counter() - t0
         self.updates += 1
 
