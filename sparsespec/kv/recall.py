@@ -114,7 +114,7 @@ class RecallIndex(KVView):
             mass = attention_mass(q, lse, cache.k[layer][:, :n_keys], state.target.scale).transpose(0, 1)
             rows = self._rows[layer]  # mass: [c, Hkv, n_keys]
             # rows only ever grow (the cache does), so a slot's old row is zero past its length
-            old = rows.index_select(0, slots)[..., :n_keys]
+            old = rows[..., :n_keys].index_select(0, slots)
             self._sum[layer, :, :n_keys] += mass.sum(0) - old.sum(0)
             rows[slots, :, :n_keys] = mass
         self._slot = (self._slot + n_queries) % window
