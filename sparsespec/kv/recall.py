@@ -6,14 +6,15 @@ queries put on them (summed over the query heads of each GQA group). The statist
 verification pass the engine runs anyway (the runner's `Capture`), so refreshing costs no target
 forward; the dense cache is never discarded, so a position dropped now can be recalled later.
 
+Prefill seeds the index from the last W prompt queries. With `refresh=False` the index stays at
+its prefill scores: a SnapKV-style static view.
+
 How it is captured: during verification the fused attention kernel only hands back, per layer,
 the queries and the log-sum-exp of their scores (no probabilities, no second pass in the forward).
 Once the verifier has decided, `ingest` recovers exact probabilities, exp(q.k * scale - lse), for
 the n_accepted + 1 queries that became real (rejected drafts never enter the window): one matmul
 over each layer's keys. The window is a ring of W rows with a running sum, so a refresh touches
 only the rows that enter and leave.
-Prefill seeds the index from the last W prompt queries. With `refresh=False` the index stays at
-its prefill scores: a SnapKV-style static view.
 """
 
 from __future__ import annotations

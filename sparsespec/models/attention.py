@@ -62,13 +62,7 @@ def attend(
     if mask is None and _FLASH_CPU is not None and q.device.type == "cpu":
         out, lse = _attend_split(q, k, v, scale)
         return out, (lse[:, q.shape[1] - c :] if c else None)
-    out = _attend_reference(q, k, v, scale, mask)
-    if not c:
-        return out, None
-    n, total = q.shape[1], k.shape[1]
-    m = (causal_block_mask(n, total, q.device) if mask is None else mask)[n - c :]
-    scores = _scores(q[:, n - c :], k, scale, m, q.shape[0] // k.shape[0])  # [Hkv, G, c, T]
-    return out, torch.logsumexp(scores, -1).reshape(q.shape[0], c)
+    return _attend_reference(q, k, v, scale, mask, c)
 
 
 def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -153,21 +147,28 @@ def _flash_prefix(q, k, v, scale, splits, n, merge=True):
     return out.reshape(hq, n, d), lse.float().reshape(hq, n)
 
 
-def _attend_reference(q, k, v, scale, mask):
-    """Masked attention: explicit probabilities for small blocks, SDPA for prefill chunks."""
+def _attend_reference(q, k, v, scale, mask, lse_rows=0):
+    """Masked attention: explicit probabilities for small blocks, SDPA for prefill chunks.
+    Returns (out [Hq, n, D], the LSE [Hq, lse_rows] of the last lse_rows queries, or None)."""
     hq, n, d = q.shape
     hkv, total, _ = k.shape
     group = hq // hkv
+    m = causal_block_mask(n, total, q.device) if mask is None else mask
     if n > SMALL_QUERY_BLOCK:
         if mask is None and n == total:
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
         else:
-            m = causal_block_mask(n, total, q.device) if mask is None else mask
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, scale=scale, enable_gqa=True)
-        return out[0]
-    m = causal_block_mask(n, total, q.device) if mask is None else mask
-    p = torch.softmax(_scores(q, k, scale, m, group), dim=-1)  # [Hkv, G, n, T]
-    return (p.to(v.dtype).reshape(hkv, group * n, total) @ v).reshape(hq, n, d)
+        if not lse_rows:
+            return out[0], None
+        # SDPA keeps no LSE: one pass over the keys for the captured rows only
+        scores = _scores(q[:, n - lse_rows :], k, scale, m[n - lse_rows :], group)
+        return out[0], torch.logsumexp(scores, -1).reshape(hq, lse_rows)
+    scores = _scores(q, k, scale, m, group)  # [Hkv, G, n, T]
+    out = (torch.softmax(scores, dim=-1).to(v.dtype).reshape(hkv, group * n, total) @ v).reshape(hq, n, d)
+    if not lse_rows:
+        return out, None
+    return out, torch.logsumexp(scores[:, :, n - lse_rows :], -1).reshape(hq, lse_rows)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor, group: int) -> torch.Tensor:
