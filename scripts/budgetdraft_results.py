@@ -1,26 +1,37 @@
-"""Figure-1 reproduction at CPU scale: draft acceptance vs context length and KV budget.
+"""BudgetDraft's results at CPU scale: the paper's Figure 1 over training seeds, and the draft length.
 
-For each held-out PG-19 book (pg19_split's eval side, never trained on) and each ctx, a window of
-ctx tokens is run through the target (float32, full attention) to get its greedy next tokens at
-the last `--positions` positions. Each drafter then reads the same window through the inference
-path (CausalLM.prefill with the StreamingView mask, chunked, then one forward over the scored
-positions under view.mask) and we report, teacher-forced on the real text:
+Figure 1 (teacher-forced, cheap, every drafter and seed). For each held-out PG-19 book
+(pg19_split's eval side, never trained on) and each ctx, a window of ctx tokens goes through the
+target (float32, full attention) for its greedy next token at the last `--positions` positions.
+Each drafter reads the same window through the inference path (CausalLM.prefill under the
+StreamingView mask, chunked, then one forward over the scored positions under view.mask), and we
+report, on the real text:
 
-  acc   share of positions where the drafter's argmax equals the target's greedy token
-  tau   mean accepted drafts per greedy round of k (runs of agreement, capped at k)
+  acc     share of positions where the drafter's argmax equals the target's greedy token
+  tau@k   mean accepted drafts of a greedy round of k starting at each position (runs of
+          agreement capped at k), for every k in --ks: the draft-length sensitivity
 
-Drafters are given as LABEL=DIR (HF dirs, e.g. exports of budget=multi/single/full); the label
-`untrained` builds the truncated N-layer drafter from the target (the naive sd_sparse starting
-point). `--engine` also runs the real SpeculativeEngine (greedy, exact) at the first ctx for each
-drafter and B, reporting acceptance_rate, mean accepted tokens and speedup over AR.
+A drafter group is LABEL=PATTERN[,PATTERN...]; each pattern is a directory or a glob (one directory
+per training seed, e.g. `multi=outputs/fig1/multi_s*/drafter`). Cells are mean +- std over a group's
+seeds of the mean over books. The label `untrained` builds the truncated N-layer drafter from the
+target: the naive starting point.
 
-  .venv/bin/python scripts/budgetdraft_results.py untrained multi=outputs/train/multi_s0/drafter \
-      full=outputs/train/full_s0/drafter --ctx 4096 8192 --budgets 256 512 1024 2048 --out results.json
+Draft length in the real loop (--engine-ctx, timed: run it on a quiet machine). At each such ctx
+the first held-out window's prompt is prefilled once (shared, as the harness does); AR and the
+real SpeculativeEngine (greedy, exact: asserted token-identical to AR) run on it for the first
+seed of each --engine-drafters group, at budget --engine-budget and every k in --engine-ks,
+--engine-repeats times: α, τ, γ and decode speedup over AR, mean +- std over repeats.
+
+  python scripts/budgetdraft_results.py untrained full='outputs/fig1/full_s*/drafter' \
+      single='outputs/fig1/single_s*/drafter' multi='outputs/fig1/multi_s*/drafter' \
+      --ctx 4096 8192 16384 --engine-ctx 4096 16384 --out outputs/fig1/results.json \
+      --write docs/benchmarks.md --plot docs/img/fig1.png
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import statistics
 import sys
@@ -30,25 +41,59 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import write_section  # noqa: E402
 
 from sparsespec.data.pg19 import load_books, pg19_split  # noqa: E402
+from sparsespec.decoding.controllers import FixedK  # noqa: E402
+from sparsespec.decoding.drafters import ModelDrafter  # noqa: E402
+from sparsespec.decoding.engine import SpeculativeEngine  # noqa: E402
 from sparsespec.kv.views import FullView, StreamingView  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 from sparsespec.training.drafters import truncated  # noqa: E402
 from sparsespec.training.module import accepted_run  # noqa: E402
 
+K_SINK = 16  # conf/method/budgetdraft.yaml and the training views
 
-def held_out_windows(tokenizer, ctx: int, n_books: int, offset: float = 0.02) -> list[tuple[str, list[int]]]:
-    rows = load_books(None)
+
+def view_for(budget: int | None):
+    return FullView() if budget is None else StreamingView(budget=budget, k_sink=K_SINK)
+
+
+def parse_groups(specs: list[str]) -> dict[str, list[str]]:
+    """LABEL=PATTERN[,PATTERN...] (or `untrained`) -> {label: [dirs]}, globs expanded and sorted."""
+    groups: dict[str, list[str]] = {}
+    for spec in specs:
+        if spec == "untrained":
+            groups["untrained"] = ["untrained"]
+            continue
+        if "=" not in spec:
+            raise SystemExit(f"drafter group {spec!r}: use LABEL=DIR[,DIR...] (globs allowed) or `untrained`")
+        label, patterns = spec.split("=", 1)
+        dirs: list[str] = []
+        for pat in patterns.split(","):
+            hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+            dirs += [h for h in hits if Path(h).is_dir()]
+        if not dirs:
+            raise SystemExit(f"drafter group {label!r}: no directory matches {patterns!r}")
+        groups[label] = dirs
+    return groups
+
+
+def held_out_windows(tokenizer, ctx: int, n_books: int, data: str | None, offset: float = 0.02):
+    rows = load_books(data)
     _, held = pg19_split([str(r["short_book_title"]) for r in rows])
     out = []
     for r in rows:
         if str(r["short_book_title"]) in held and len(out) < n_books:
             text = r["text"][int(len(r["text"]) * offset):]
-            ids = tokenizer(text[: ctx * 6], add_special_tokens=False)["input_ids"][:ctx]
+            ids = tokenizer(text[: ctx * 8], add_special_tokens=False)["input_ids"][:ctx]
             if len(ids) == ctx:
                 out.append((str(r["short_book_title"]), ids))
+    if not out:
+        raise SystemExit(f"no held-out book has {ctx} tokens after the {offset:.0%} offset")
     return out
 
 
@@ -72,91 +117,216 @@ def drafter_greedy(model, ids: list[int], positions: int, view) -> torch.Tensor:
     return lm.forward(torch.tensor(ids[-positions:]), cache, mask=view.mask(start, positions, len(ids))).argmax(-1)
 
 
-def engine_rows(target, drafters, ids, budgets, k, new_tokens):
-    from sparsespec.decoding.controllers import FixedK
-    from sparsespec.decoding.drafters import ModelDrafter
-    from sparsespec.decoding.engine import SpeculativeEngine
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
-    tlm = CausalLM(target)
-    ar = SpeculativeEngine(tlm).generate(ids, new_tokens)
+
+def figure1_rows(target, tok, groups, models, args, ctx: int) -> list[dict]:
+    """Teacher-forced acc and tau@k per (group, budget), mean +- std over the group's seeds."""
+    windows = held_out_windows(tok, ctx, args.books, args.data)
+    # per (label, budget, seed index): lists over books of acc and of tau@k
+    per: dict[tuple[str, str, int], list[dict]] = {}
+    t0 = time.perf_counter()
+    for title, ids in windows:
+        gold = target_greedy(target, ids, args.positions)
+        for label, seeds in models.items():
+            for si, model in enumerate(seeds):
+                for b in [None, *args.budgets]:
+                    agree = drafter_greedy(model, ids, args.positions, view_for(b)) == gold
+                    per.setdefault((label, str(b or "full"), si), []).append(
+                        {"acc": agree.float().mean().item(),
+                         **{f"tau{k}": accepted_run(agree, k).item() for k in args.ks}})
+        print(f"ctx {ctx}: {title} done ({time.perf_counter() - t0:.0f} s)", flush=True)
     rows = []
-    for label, model in drafters.items():
-        for b in budgets:
-            view = FullView() if b is None else StreamingView(budget=b, k_sink=16)
-            res = SpeculativeEngine(tlm, ModelDrafter(CausalLM(model), view), FixedK(k)).generate(ids, new_tokens)
-            assert res.output_ids == ar.output_ids, "speculative output differs from AR"
-            rows.append({"drafter": label, "budget": b or "full", "acceptance_rate": res.acceptance_rate,
-                         "mean_accepted_tokens": res.mean_accepted_tokens, "speedup": ar.wall_s / res.wall_s})
+    for label in groups:
+        for b in ["full", *map(str, args.budgets)]:
+            seeds = [per[(label, b, si)] for si in range(len(models[label]))]
+            seed_means = {key: [statistics.mean(book[key] for book in books) for books in seeds]
+                          for key in ["acc", *[f"tau{k}" for k in args.ks]]}
+            row = {"ctx": ctx, "drafter": label, "budget": b, "n_seeds": len(seeds), "n_books": len(windows)}
+            for key, vals in seed_means.items():
+                row[key], row[key + "_std"] = mean_std(vals)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+@torch.inference_mode()
+def engine_rows(target, tok, models, args, ctx: int) -> list[dict]:
+    """Real greedy decoding on one held-out prompt: AR, then each group's first seed at each k."""
+    title, ids = held_out_windows(tok, ctx, 1, args.data)[0]
+    tlm = CausalLM(target)
+    head = ids[:-64]
+    cache = tlm.new_cache(len(ids) + args.new_tokens + 64)
+    tlm.prefill(torch.tensor(head), cache, chunk=1024)  # shared by every run, cropped back after each
+
+    def run(drafter=None, k: int = 0):
+        engine = SpeculativeEngine(tlm) if drafter is None else SpeculativeEngine(tlm, drafter, FixedK(k))
+        res = engine.generate(ids, args.new_tokens, cache=cache)
+        cache.crop(len(head))
+        return res
+
+    ar = [run() for _ in range(args.engine_repeats)]
+    ar_tps = [r.tokens_per_s for r in ar]
+    rows = [{"ctx": ctx, "drafter": "ar", "budget": "-", "k": 0, "tok_s": mean_std(ar_tps)[0],
+             "tok_s_std": mean_std(ar_tps)[1], "speedup": 1.0, "speedup_std": 0.0, "book": title}]
+    print(json.dumps(rows[-1]), flush=True)
+    for label in args.engine_drafters:
+        if label not in models:
+            raise SystemExit(f"--engine-drafters {label}: not among the drafter groups {list(models)}")
+        model = CausalLM(models[label][0])
+        for k in args.engine_ks:
+            res = []
+            for _ in range(args.engine_repeats):
+                r = run(ModelDrafter(model, view_for(args.engine_budget)), k)
+                if r.output_ids != ar[0].output_ids:
+                    raise AssertionError(f"{label} k={k} at ctx {ctx}: speculative output differs from AR")
+                res.append(r)
+            speed = [r.tokens_per_s / a for r, a in zip(res, ar_tps, strict=True)]
+            gammas = [(r.draft_s / max(r.draft_steps, 1)) / (r.verify_s / max(r.verify_steps, 1)) for r in res]
+            rows.append({"ctx": ctx, "drafter": label, "budget": args.engine_budget, "k": k,
+                         "alpha": statistics.mean(r.acceptance_rate or 0.0 for r in res),
+                         "tau": statistics.mean(r.mean_accepted_tokens for r in res),
+                         "gamma": statistics.mean(gammas),
+                         "tok_s": mean_std([r.tokens_per_s for r in res])[0],
+                         "tok_s_std": mean_std([r.tokens_per_s for r in res])[1],
+                         "speedup": mean_std(speed)[0], "speedup_std": mean_std(speed)[1],
+                         "same_as_ar": True, "book": title})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("drafters", nargs="+", help="LABEL=DIR, or `untrained` (truncated target layers)")
+    ap.add_argument("drafters", nargs="+", help="LABEL=DIR[,DIR...] (globs allowed; one dir per seed) or `untrained`")
     ap.add_argument("--model", default=None, help="target model.path (default: embedded SmolLM2)")
-    ap.add_argument("--ctx", type=int, nargs="+", default=[4096, 8192])
+    ap.add_argument("--data", default=None, help="PG-19-schema jsonl (default: the shipped books)")
+    ap.add_argument("--ctx", type=int, nargs="+", default=[4096, 8192, 16384])
     ap.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--positions", type=int, default=256, help="scored positions at the end of each window")
     ap.add_argument("--books", type=int, default=2, help="held-out books per ctx")
-    ap.add_argument("--k", type=int, default=4, help="draft length for tau")
+    ap.add_argument("--ks", type=int, nargs="+", default=[2, 4, 6, 8], help="draft lengths for tau@k")
     ap.add_argument("--n-layers", type=int, default=2, help="layers of the `untrained` drafter")
-    ap.add_argument("--engine", action="store_true", help="also run the real engine at the first ctx")
-    ap.add_argument("--engine-budgets", type=int, nargs="+", default=[1024])
+    ap.add_argument("--engine-ctx", type=int, nargs="*", default=[], help="ctx at which to time the real engine")
+    ap.add_argument("--engine-drafters", nargs="+", default=["multi", "full"])
+    ap.add_argument("--engine-budget", type=int, default=1024)
+    ap.add_argument("--engine-ks", type=int, nargs="+", default=[2, 4, 6, 8])
+    ap.add_argument("--engine-repeats", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the results JSON here")
+    ap.add_argument("--write", default=None, help="replace the `fig1` section of this markdown file")
+    ap.add_argument("--plot", default=None, help="write the Figure-1 plot here (PNG)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    groups = parse_groups(args.drafters)
+    if args.engine_ctx:
+        args.engine_drafters = [d for d in args.engine_drafters if d in groups]
 
-    results: dict = {"args": vars(args), "rows": [], "engine": []}
-    for ctx in args.ctx:
-        t0 = time.perf_counter()
-        tgt = load_model(args.model, ctx=ctx)
-        target, tok = tgt.model, tgt.tokenizer
-        drafters = {}
-        for spec in args.drafters:
-            if spec == "untrained":
-                drafters["untrained"] = truncated(target, args.n_layers).eval()
-            else:
-                label, path = spec.split("=", 1)
-                drafters[label] = load_model(path, ctx=ctx).model
-        windows = held_out_windows(tok, ctx, args.books)
-        per: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for title, ids in windows:
-            gold = target_greedy(target, ids, args.positions)
-            for label, model in drafters.items():
-                for b in [None, *args.budgets]:
-                    view = FullView() if b is None else StreamingView(budget=b, k_sink=16)
-                    agree = drafter_greedy(model, ids, args.positions, view) == gold
-                    per.setdefault((label, str(b or "full")), []).append(
-                        (agree.float().mean().item(), accepted_run(agree, args.k).item()))
-            print(f"ctx {ctx}: {title} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        for (label, b), vals in per.items():
-            accs, taus = [v[0] for v in vals], [v[1] for v in vals]
-            row = {"ctx": ctx, "drafter": label, "budget": b, "acc": statistics.mean(accs),
-                   "acc_std": statistics.pstdev(accs), "tau": statistics.mean(taus), "n_windows": len(vals)}
-            results["rows"].append(row)
-            print(json.dumps(row), flush=True)
-        if args.engine and ctx == args.ctx[0] and windows:
-            results["engine"] = engine_rows(target, drafters, windows[0][1], args.engine_budgets, args.k,
-                                            args.new_tokens)
-    print(markdown(results))
+    results: dict = {"command": " ".join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
+                     "groups": groups, "rows": [], "engine": []}
+    for ctx in sorted(set(args.ctx) | set(args.engine_ctx)):
+        need = ctx + (args.new_tokens + 64 if ctx in args.engine_ctx else 0)
+        tgt = load_model(args.model, ctx=need)
+        models = {label: [truncated(tgt.model, args.n_layers).eval() if d == "untrained" else
+                          load_model(d, ctx=need).model for d in dirs] for label, dirs in groups.items()}
+        if ctx in args.ctx:
+            results["rows"] += figure1_rows(tgt.model, tgt.tokenizer, groups, models, args, ctx)
+        if ctx in args.engine_ctx:
+            results["engine"] += engine_rows(tgt.model, tgt.tokenizer, models, args, ctx)
+        del models, tgt
+    results["markdown"] = markdown(results, args)
+    print(results["markdown"])
+    if args.plot:
+        plot(results, Path(args.plot), args)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
-    return 0
+    if args.write:
+        write_section(Path(args.write), "fig1", results["markdown"])
+    return results
 
 
-def markdown(results: dict) -> str:
+def _ctx(c: int) -> str:
+    return f"{c // 1024}k" if c % 1024 == 0 else str(c)
+
+
+def _pm(m: float, s: float, fmt: str = ".3f") -> str:
+    return f"{m:{fmt}} ± {s:{fmt}}"
+
+
+def markdown(results: dict, args) -> str:
     rows = results["rows"]
-    cols = sorted({(r["ctx"], r["budget"]) for r in rows}, key=lambda c: (c[0], c[1] != "full", int(c[1]) if c[1] != "full" else 0))
-    labels = list(dict.fromkeys(r["drafter"] for r in rows))
-    head = "| drafter | " + " | ".join(f"{c // 1024}k B={b}" for c, b in cols) + " |"
-    lines = [head, "|" + "---|" * (len(cols) + 1)]
-    for lab in labels:
-        cell = {(r["ctx"], r["budget"]): r for r in rows if r["drafter"] == lab}
-        lines.append(f"| {lab} | " + " | ".join(
-            f"{cell[c]['acc']:.3f} / {cell[c]['tau']:.2f}" if c in cell else "" for c in cols) + " |")
-    return "\n".join(lines) + "\n(cells: teacher-forced acceptance / tau@k)"
+    labels = list(results["groups"])
+    seeds = ", ".join(f"{lab}: {len(d)}" for lab, d in results["groups"].items())
+    out = [f"Command: `{results['command']}`", "",
+           f"Seeds per drafter group: {seeds}. Cells: mean ± std over seeds of the mean over {args.books} "
+           f"held-out books; {args.positions} scored positions per window.", ""]
+    if rows:
+        budgets = ["full", *map(str, args.budgets)]
+        ctxs = sorted({r["ctx"] for r in rows})
+        cell = {(r["ctx"], r["drafter"], r["budget"]): r for r in rows}
+        rb = str(args.engine_budget)  # the budget whose share of the full-cache acceptance is reported
+        out += ["Teacher-forced acceptance (share of positions where the drafter's greedy token is the target's):", "",
+                "| ctx | drafter | " + " | ".join(f"B={b}" for b in budgets) + f" | B={rb} / full |",
+                "|---|---|" + "---|" * (len(budgets) + 1)]
+        for c in ctxs:
+            for lab in labels:
+                vals = [cell.get((c, lab, b)) for b in budgets]
+                ratio = (cell[(c, lab, rb)]["acc"] / cell[(c, lab, "full")]["acc"]
+                         if (c, lab, rb) in cell and cell[(c, lab, "full")]["acc"] > 0 else float("nan"))
+                out.append(f"| {_ctx(c)} | {lab} | " + " | ".join(
+                    _pm(v["acc"], v["acc_std"]) if v else "" for v in vals) + f" | {ratio:.3f} |")
+        out += ["", f"Draft-length sensitivity, teacher-forced τ@k (mean accepted drafts per round of k) at "
+                f"B={args.engine_budget}:", "",
+                "| ctx | drafter | " + " | ".join(f"k={k}" for k in args.ks) + " |", "|---|---|" + "---|" * len(args.ks)]
+        for c in ctxs:
+            for lab in labels:
+                r = cell.get((c, lab, str(args.engine_budget)))
+                if r:
+                    out.append(f"| {_ctx(c)} | {lab} | " + " | ".join(
+                        _pm(r[f"tau{k}"], r[f"tau{k}_std"], ".2f") for k in args.ks) + " |")
+    if results["engine"]:
+        out += ["", f"Real greedy decoding ({args.new_tokens} new tokens, one held-out prompt, first seed of each "
+                f"group, B={args.engine_budget}, {args.engine_repeats} repeats; every run token-identical to AR):", "",
+                "| ctx | drafter | k | α | τ (tokens / round) | γ | tok/s | × AR |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["engine"]:
+            if r["drafter"] == "ar":
+                out.append(f"| {_ctx(r['ctx'])} | ar | — | — | — | — | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | 1.00 |")
+            else:
+                out.append(f"| {_ctx(r['ctx'])} | {r['drafter']} | {r['k']} | {r['alpha']:.2f} | {r['tau']:.2f} | "
+                           f"{r['gamma']:.3f} | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | "
+                           f"{_pm(r['speedup'], r['speedup_std'], '.2f')} |")
+    return "\n".join(out)
+
+
+def plot(results: dict, path: Path, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    budgets = [*map(str, args.budgets), "full"]
+    fig, axes = plt.subplots(1, len(budgets), figsize=(3.2 * len(budgets), 3.2), sharey=True)
+    for ax, b in zip(axes, budgets, strict=True):
+        for lab in results["groups"]:
+            pts = sorted((r["ctx"], r["acc"], r["acc_std"]) for r in rows if r["drafter"] == lab and r["budget"] == b)
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                            marker="o", capsize=3, label=lab)
+        ax.set_title(f"B = {b}" if b != "full" else "full cache")
+        ax.set_xlabel("context (tokens)")
+        ax.set_xscale("log", base=2)
+    axes[0].set_ylabel("teacher-forced acceptance")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("Drafter acceptance vs context and KV budget (held-out PG-19, mean ± std over seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
