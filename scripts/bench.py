@@ -309,6 +309,13 @@ def _fmt(v, spec="{:.2f}") -> str:
     return "—" if v is None else spec.format(v)
 
 
+def _spread(rows: list[dict], key: str) -> str:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    if not vals:
+        return "—"
+    return f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals) if len(vals) > 1 else 0.0:.2f}"
+
+
 def to_markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
              f"Read bandwidth {report['bandwidth_gbs']:.1f} GB/s; weights {report['weight_bytes'] / 1e6:.0f} MB.", "",
@@ -335,14 +342,24 @@ def to_markdown(report: dict) -> str:
                 f"{_fmt(mean('k_mean'), '{:.1f}')} | {_fmt(mean('index_share'), '{:.1%}')} | {same('ar') or '—'} | "
                 f"{same('hf') or '—'} | {mean('prefill_s'):.1f} / {_fmt(mean('hf_prefill_s'), '{:.1f}')} | "
                 f"{max(r['peak_rss_gb'] for r in rs):.1f} |")
-    prof = [r for r in report["rows"] if r.get("draft_ms") is not None]
+    keys = list(dict.fromkeys((r["ctx"], r["method"]) for r in report["rows"]))
+    by_key = {key: [r for r in report["rows"] if (r["ctx"], r["method"]) == key] for key in keys}
+    if any(len(rs) > 1 for rs in by_key.values()):  # several samples: their spread, per sample ratios
+        lines += ["", "Spread over samples (mean ± std of each sample's own value; every ratio is against AR "
+                  "on the same sample):", "", "| ctx | method | samples | × our ar | α | τ |", "|---|---|---|---|---|---|"]
+        for (ctx, method), rs in by_key.items():
+            lines.append(f"| {_ctx_label(ctx)} | {method} | {len(rs)} | {_spread(rs, 'vs_ar')} | "
+                         f"{_spread(rs, 'acceptance')} | {_spread(rs, 'tau')} |")
+    prof = [key for key in keys if any(r.get("draft_ms") is not None for r in by_key[key])]
     if prof:
         lines += ["", "Where a round's time goes (ms per round, mean over samples): drafting all its tokens, the "
                   "verification pass, the recall-index update, and the rest (sampling, bookkeeping, Python).", "",
                   "| ctx | method | draft | verify | index update | other |", "|---|---|---|---|---|---|"]
-        for r in prof:
-            lines.append(f"| {_ctx_label(r['ctx'])} | {r['method']} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} | "
-                         f"{r['index_ms']:.1f} | {r['other_ms']:.1f} |")
+        for ctx, method in prof:
+            ms = {k: statistics.fmean(r[k] for r in by_key[(ctx, method)] if r.get(k) is not None)
+                  for k in ("draft_ms", "verify_ms", "index_ms", "other_ms")}
+            lines.append(f"| {_ctx_label(ctx)} | {method} | {ms['draft_ms']:.1f} | {ms['verify_ms']:.1f} | "
+                         f"{ms['index_ms']:.1f} | {ms['other_ms']:.1f} |")
     return "\n".join(lines)
 
 

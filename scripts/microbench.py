@@ -7,7 +7,8 @@ SmolLM2-135M's cache (30 layers, 3 KV heads of 64, 9 query heads) at one context
 - gather: a 10% sparse view copied into the reused compact cache, torch.gather (the index
   expanded over head_dim) vs index_select of whole rows per head (what KVCache.gather does);
 - attention mass: the recall index's pass over the keys for c accepted queries
-  (attention.attention_mass), against a plain streaming read of the same keys (K.sum());
+  (attention.attention_mass), against a plain streaming read of the same keys (K.sum()), and
+  the share of it that is the query-key product alone;
 - --compile: one decode step of the embedded model, eager vs the per-layer small ops under
   torch.compile (a standalone copy of the layer loop; loads the model).
 Prints the median of --repeats timed calls after one warm-up.
@@ -72,6 +73,12 @@ def bench_mass(ctx: int, repeats: int) -> None:
         q, lse = torch.randn(HQ, c, D), torch.full((HQ, c), 5.0)
         ms = median_ms(lambda q=q, lse=lse: [attention_mass(q, lse, k, 0.125) for k in keys], repeats)
         print(f"attention_mass, {c:2d} queries: {ms:.1f} ms ({gb / ms * 1000:.1f} GB/s of keys)")
+        # where it goes: the [G*c, D] x [D, T] product alone (FLOPs, not bytes, bound it: G*c rows
+        # reuse every key), then everything after it (exp, group sum, causal tail)
+        qs = q.reshape(HKV, HQ // HKV * c, D)
+        mm = median_ms(lambda qs=qs: [qs @ k.transpose(1, 2) for k in keys], repeats)
+        gflop = 2 * LAYERS * HQ * c * D * ctx / 1e9
+        print(f"  of which the product: {mm:.1f} ms ({gflop / mm * 1000:.0f} GFLOP/s), the rest {ms - mm:.1f} ms")
 
 
 def bench_compile(ctx: int, repeats: int) -> None:

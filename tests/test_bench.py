@@ -112,3 +112,17 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
     text = md.read_text()
     assert "<!-- bench:fig1 -->" in text and "| 0k | tiny |" not in text and "| tiny |" in text
     assert (tmp_path / "fig1.png").stat().st_size > 1000 and json.loads((tmp_path / "r.json").read_text())["rows"]
+
+
+def test_bench_markdown_reports_the_spread_over_samples():
+    def row(sample, method, tok_s, vs_ar, acc):
+        return {"ctx": 4096, "sample": sample, "method": method, "tok_s": tok_s, "tok_s_std": 0.0, "vs_hf": None,
+                "vs_ar": vs_ar, "floor_tok_s": 40.0, "acceptance": acc, "tau": None if acc is None else 1 + 3 * acc,
+                "gamma": None, "k_mean": None, "index_share": None, "identical_ar": True, "identical_hf": None,
+                "prefill_s": 1.0, "hf_prefill_s": None, "peak_rss_gb": 1.0,
+                **({"draft_ms": 10.0 * sample, "verify_ms": 5.0, "index_ms": 1.0, "other_ms": 0.1} if acc else {})}
+    rows = [row(s, "ar", 20.0, 1.0, None) for s in (1, 2)] + [row(1, "magicdec", 24.0, 1.2, 0.8),
+                                                            row(2, "magicdec", 16.0, 0.8, 0.6)]
+    text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
+    assert "| 4k | magicdec | 2 | 1.00 ± 0.28 | 0.70 ± 0.14 | 3.10 ± 0.42 |" in text  # sample std, not repeats'
+    assert "| 4k | magicdec | 15.0 | 5.0 | 1.0 | 0.1 |" in text and "| 4k | magicdec | 10.0 |" not in text  # one row, not one per sample
