@@ -98,3 +98,15 @@ def test_reused_prefilled_cache_gives_the_same_generation():
             assert reused.output_ids == fresh.output_ids and reused.accepted == fresh.accepted
     with pytest.raises(ValueError, match="fewer tokens"):
         SpeculativeEngine(target).generate(prompt[:10], 5, cache=shared)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_model_drafter_that_is_the_target_is_always_accepted(family, k):
+    """A separate-model drafter identical to the target, reading its full cache, must have every
+    draft accepted: catches a drafter cache that drifts from the accepted sequence (stale entries
+    after a rejection, a missed catch-up token, a draft fed twice), which exactness alone hides."""
+    lm = tiny_lm(family)
+    prompt = random_prompt(40, seed=3)
+    res = SpeculativeEngine(lm, ModelDrafter(lm, FullView()), FixedK(k)).generate(prompt, 30)
+    assert res.output_ids == SpeculativeEngine(lm).generate(prompt, 30).output_ids
+    assert res.acceptance_rate == 1.0 and all(a == d for d, a in res.rounds)
