@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.engine_ctx:
         args.engine_drafters = [d for d in args.engine_drafters if d in groups]
 
-    results: dict = {"command": " ".join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
+    results: dict = {"command": shlex.join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
                      "groups": groups, "rows": [], "engine": []}
     for ctx in sorted(set(args.ctx) | set(args.engine_ctx)):
         need = ctx + (args.new_tokens + 64 if ctx in args.engine_ctx else 0)
