@@ -17,10 +17,12 @@ seeds of the mean over books. The label `untrained` builds the truncated N-layer
 target: the naive starting point.
 
 Draft length in the real loop (--engine-ctx, timed: run it on a quiet machine). At each such ctx
-the first held-out window's prompt is prefilled once (shared, as the harness does); AR and the
-real SpeculativeEngine (greedy, exact: asserted token-identical to AR) run on it for the first
-seed of each --engine-drafters group, at budget --engine-budget and every k in --engine-ks,
---engine-repeats times: α, τ, γ and decode speedup over AR, mean +- std over repeats.
+each of the first --engine-books held-out prompts is prefilled once (shared, as the harness does);
+AR and the real SpeculativeEngine (greedy, exact: asserted token-identical to AR) run on it for the
+first seed of each --engine-drafters group, at budget --engine-budget and every k in --engine-ks,
+--engine-repeats times: α, τ, γ and decode speedup over AR (each prompt against its own AR), mean
++- std over prompts and repeats, and how repetitive AR's own output is (a greedy loop makes every
+drafter look alike).
 
   python scripts/budgetdraft_results.py untrained full='outputs/fig1/full_s*/drafter' \
       single='outputs/fig1/single_s*/drafter' multi='outputs/fig1/multi_s*/drafter' \
@@ -154,46 +156,55 @@ def figure1_rows(target, tok, groups, models, args, ctx: int) -> list[dict]:
 
 @torch.inference_mode()
 def engine_rows(target, tok, models, args, ctx: int) -> list[dict]:
-    """Real greedy decoding on one held-out prompt: AR, then each group's first seed at each k."""
-    title, ids = held_out_windows(tok, ctx, 1, args.data)[0]
+    """Real greedy decoding on --engine-books held-out prompts: AR, then each group's first seed at
+    each k. Rows aggregate over prompts and repeats; `ar_distinct` (distinct tokens / tokens of AR's
+    output, mean over prompts) flags degenerate loops, where every drafter scores alike."""
     tlm = CausalLM(target)
-    head = ids[:-64]
-    cache = tlm.new_cache(len(ids) + args.new_tokens + 64)
-    tlm.prefill(torch.tensor(head), cache, chunk=1024)  # shared by every run, cropped back after each
+    runs: dict[tuple[str, int], list] = {}
+    distinct, titles = [], []
+    for title, ids in held_out_windows(tok, ctx, args.engine_books, args.data):
+        head = ids[:-64]
+        cache = tlm.new_cache(len(ids) + args.new_tokens + 64)
+        tlm.prefill(torch.tensor(head), cache, chunk=1024)  # shared by every run, cropped back after each
 
-    def run(drafter=None, k: int = 0):
-        engine = SpeculativeEngine(tlm) if drafter is None else SpeculativeEngine(tlm, drafter, FixedK(k))
-        res = engine.generate(ids, args.new_tokens, cache=cache)
-        cache.crop(len(head))
-        return res
+        def run(drafter=None, k: int = 0, ids=ids, cache=cache, head=head):
+            engine = SpeculativeEngine(tlm) if drafter is None else SpeculativeEngine(tlm, drafter, FixedK(k))
+            res = engine.generate(ids, args.new_tokens, cache=cache)
+            cache.crop(len(head))
+            return res
 
-    ar = [run() for _ in range(args.engine_repeats)]
-    ar_tps = [r.tokens_per_s for r in ar]
-    rows = [{"ctx": ctx, "drafter": "ar", "budget": "-", "k": 0, "tok_s": mean_std(ar_tps)[0],
-             "tok_s_std": mean_std(ar_tps)[1], "speedup": 1.0, "speedup_std": 0.0, "book": title}]
-    print(json.dumps(rows[-1]), flush=True)
-    for label in args.engine_drafters:
-        if label not in models:
-            raise SystemExit(f"--engine-drafters {label}: not among the drafter groups {list(models)}")
-        model = CausalLM(models[label][0])
-        for k in args.engine_ks:
-            res = []
-            for _ in range(args.engine_repeats):
-                r = run(ModelDrafter(model, view_for(args.engine_budget)), k)
-                if r.output_ids != ar[0].output_ids:
-                    raise AssertionError(f"{label} k={k} at ctx {ctx}: speculative output differs from AR")
-                res.append(r)
-            speed = [r.tokens_per_s / a for r, a in zip(res, ar_tps, strict=True)]
-            gammas = [(r.draft_s / max(r.draft_steps, 1)) / (r.verify_s / max(r.verify_steps, 1)) for r in res]
-            rows.append({"ctx": ctx, "drafter": label, "budget": args.engine_budget, "k": k,
-                         "alpha": statistics.mean(r.acceptance_rate or 0.0 for r in res),
-                         "tau": statistics.mean(r.mean_accepted_tokens for r in res),
-                         "gamma": statistics.mean(gammas),
-                         "tok_s": mean_std([r.tokens_per_s for r in res])[0],
-                         "tok_s_std": mean_std([r.tokens_per_s for r in res])[1],
-                         "speedup": mean_std(speed)[0], "speedup_std": mean_std(speed)[1],
-                         "same_as_ar": True, "book": title})
-            print(json.dumps(rows[-1]), flush=True)
+        ar = [run() for _ in range(args.engine_repeats)]
+        ar_tps = statistics.mean(r.tokens_per_s for r in ar)
+        distinct.append(len(set(ar[0].output_ids)) / len(ar[0].output_ids))
+        titles.append(title)
+        runs.setdefault(("ar", 0), []).extend((r, ar_tps) for r in ar)
+        for label in args.engine_drafters:
+            if label not in models:
+                raise SystemExit(f"--engine-drafters {label}: not among the drafter groups {list(models)}")
+            model = CausalLM(models[label][0])
+            for k in args.engine_ks:
+                for _ in range(args.engine_repeats):
+                    r = run(ModelDrafter(model, view_for(args.engine_budget)), k)
+                    if r.output_ids != ar[0].output_ids:
+                        raise AssertionError(f"{label} k={k} at ctx {ctx} ({title}): speculative output differs from AR")
+                    runs.setdefault((label, k), []).append((r, ar_tps))
+        print(f"ctx {ctx}: engine on {title} done", flush=True)
+    rows = []
+    for (label, k), rs in runs.items():
+        tps = [r.tokens_per_s for r, _ in rs]
+        speed = [r.tokens_per_s / a for r, a in rs]
+        row = {"ctx": ctx, "drafter": label, "budget": "-" if label == "ar" else args.engine_budget, "k": k,
+               "tok_s": mean_std(tps)[0], "tok_s_std": mean_std(tps)[1],
+               "speedup": mean_std(speed)[0], "speedup_std": mean_std(speed)[1],
+               "n_prompts": len(titles), "books": titles, "ar_distinct": statistics.mean(distinct)}
+        if label != "ar":
+            row.update(alpha=statistics.mean(r.acceptance_rate or 0.0 for r, _ in rs),
+                       tau=statistics.mean(r.mean_accepted_tokens for r, _ in rs),
+                       gamma=statistics.mean((r.draft_s / max(r.draft_steps, 1)) / (r.verify_s / max(r.verify_steps, 1))
+                                             for r, _ in rs),
+                       same_as_ar=True)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -202,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("drafters", nargs="+", help="LABEL=DIR[,DIR...] (globs allowed; one dir per seed) or `untrained`")
     ap.add_argument("--model", default=None, help="target model.path (default: embedded SmolLM2)")
     ap.add_argument("--data", default=None, help="PG-19-schema jsonl (default: the shipped books)")
-    ap.add_argument("--ctx", type=int, nargs="+", default=[4096, 8192, 16384])
+    ap.add_argument("--ctx", type=int, nargs="*", default=[4096, 8192, 16384], help="Figure-1 ctx (none: engine only)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--positions", type=int, default=256, help="scored positions at the end of each window")
     ap.add_argument("--books", type=int, default=2, help="held-out books per ctx")
@@ -213,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--engine-budget", type=int, default=1024)
     ap.add_argument("--engine-ks", type=int, nargs="+", default=[2, 4, 6, 8])
     ap.add_argument("--engine-repeats", type=int, default=2)
+    ap.add_argument("--engine-books", type=int, default=2, help="held-out prompts for the real loop")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the results JSON here")
@@ -289,14 +301,17 @@ def markdown(results: dict, args) -> str:
                     out.append(f"| {_ctx(c)} | {lab} | " + " | ".join(
                         _pm(r[f"tau{k}"], r[f"tau{k}_std"], ".2f") for k in args.ks) + " |")
     if results["engine"]:
-        out += ["", f"Real greedy decoding ({args.new_tokens} new tokens, one held-out prompt, first seed of each "
-                f"group, B={args.engine_budget}, {args.engine_repeats} repeats; every run token-identical to AR):", "",
-                "| ctx | drafter | k | α | τ (tokens / round) | γ | tok/s | × AR |", "|---|---|---|---|---|---|---|---|"]
+        out += ["", f"Real greedy decoding ({args.new_tokens} new tokens, first seed of each group, B={args.engine_budget}, "
+                f"{args.engine_repeats} repeats per prompt; ± over prompts and repeats; every run token-identical to AR; "
+                "AR distinct = distinct tokens / tokens in AR's output, low in a degenerate loop):", "",
+                "| ctx | prompts | AR distinct | drafter | k | α | τ (tokens / round) | γ | tok/s | × AR |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["engine"]:
+            head = f"| {_ctx(r['ctx'])} | {', '.join(r['books'])} | {r['ar_distinct']:.2f} |"
             if r["drafter"] == "ar":
-                out.append(f"| {_ctx(r['ctx'])} | ar | — | — | — | — | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | 1.00 |")
+                out.append(f"{head} ar | — | — | — | — | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | 1.00 |")
             else:
-                out.append(f"| {_ctx(r['ctx'])} | {r['drafter']} | {r['k']} | {r['alpha']:.2f} | {r['tau']:.2f} | "
+                out.append(f"{head} {r['drafter']} | {r['k']} | {r['alpha']:.2f} | {r['tau']:.2f} | "
                            f"{r['gamma']:.3f} | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | "
                            f"{_pm(r['speedup'], r['speedup_std'], '.2f')} |")
     return "\n".join(out)

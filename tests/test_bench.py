@@ -89,7 +89,7 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
                      "--data", str(data), "--ctx", "300", "--budgets", "40", "80", "--positions", "48",
                      "--books", "2", "--ks", "2", "4", "--n-layers", "1", "--engine-ctx", "300",
                      "--engine-drafters", "tiny", "self", "--engine-budget", "80", "--engine-ks", "2", "3",
-                     "--engine-repeats", "1", "--new-tokens", "8", "--threads", "1",
+                     "--engine-repeats", "1", "--engine-books", "2", "--new-tokens", "8", "--threads", "1",
                      "--write", str(md), "--plot", str(tmp_path / "fig1.png"), "--out", str(tmp_path / "r.json")])
     assert res["groups"]["tiny"] == [str(tmp_path / "d_s1"), str(tmp_path / "d_s2")]
     cell = {(r["drafter"], r["budget"]): r for r in res["rows"]}
@@ -108,7 +108,8 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
         assert 0 <= r["tau2"] <= 2 and 0 <= r["tau4"] <= 4
     eng = [r for r in res["engine"] if r["drafter"] != "ar"]
     assert {(r["drafter"], r["k"]) for r in eng} == {("tiny", 2), ("tiny", 3), ("self", 2), ("self", 3)}
-    assert all(r["same_as_ar"] and r["speedup"] > 0 for r in eng)
+    assert all(r["same_as_ar"] and r["speedup"] > 0 and r["n_prompts"] == 2 for r in eng)
+    assert 0 < res["engine"][0]["ar_distinct"] <= 1
     text = md.read_text()
     assert "<!-- bench:fig1 -->" in text and "| 0k | tiny |" not in text and "| tiny |" in text
     assert (tmp_path / "fig1.png").stat().st_size > 1000 and json.loads((tmp_path / "r.json").read_text())["rows"]
