@@ -273,10 +273,10 @@ def markdown(results: dict, args) -> str:
     rows = results["rows"]
     labels = list(results["groups"])
     seeds = ", ".join(f"{lab}: {len(d)}" for lab, d in results["groups"].items())
-    out = [f"Command: `{results['command']}`", "",
-           f"Seeds per drafter group: {seeds}. Cells: mean ± std over seeds of the mean over {args.books} "
-           f"held-out books; {args.positions} scored positions per window.", ""]
+    out = [f"Command: `{results['command']}`", ""]
     if rows:
+        out += [f"Seeds per drafter group: {seeds}. Cells: mean ± std over seeds of the mean over {args.books} "
+                f"held-out books; {args.positions} scored positions per window.", ""]
         budgets = ["full", *map(str, args.budgets)]
         ctxs = sorted({r["ctx"] for r in rows})
         cell = {(r["ctx"], r["drafter"], r["budget"]): r for r in rows}
@@ -302,7 +302,7 @@ def markdown(results: dict, args) -> str:
                         _pm(r[f"tau{k}"], r[f"tau{k}_std"], ".2f") for k in args.ks) + " |")
     if results["engine"]:
         out += ["", f"Real greedy decoding ({args.new_tokens} new tokens, first seed of each group, B={args.engine_budget}, "
-                f"{args.engine_repeats} repeats per prompt; ± over prompts and repeats; every run token-identical to AR; "
+                f"{args.engine_repeats} run(s) per prompt; ± over prompts and repeats; every run token-identical to AR; "
                 "AR distinct = distinct tokens / tokens in AR's output, low in a degenerate loop):", "",
                 "| ctx | prompts | AR distinct | drafter | k | α | τ (tokens / round) | γ | tok/s | × AR |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
