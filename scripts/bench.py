@@ -131,7 +131,7 @@ def run_ours(method, target, drafter, prompt, n, shared) -> dict:
     row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
            "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens}
     if res.draft_steps and res.verify_steps:
-        row["gamma"] = (res.draft_s / res.draft_steps) / (res.verify_s / res.verify_steps)
+        row["gamma"] = res.gamma
         row["k_mean"] = res.drafted / max(len(res.rounds), 1)
         row["index_share"] = res.extra.get("index_update_s", 0.0) / res.wall_s
         # where a round's time goes (the index update runs after the verify pass, in the overhead)

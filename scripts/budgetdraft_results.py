@@ -200,8 +200,7 @@ def engine_rows(target, tok, models, args, ctx: int) -> list[dict]:
         if label != "ar":
             row.update(alpha=statistics.mean(r.acceptance_rate or 0.0 for r, _ in rs),
                        tau=statistics.mean(r.mean_accepted_tokens for r, _ in rs),
-                       gamma=statistics.mean((r.draft_s / max(r.draft_steps, 1)) / (r.verify_s / max(r.verify_steps, 1))
-                                             for r, _ in rs),
+                       gamma=statistics.mean(r.gamma for r, _ in rs),
                        same_as_ar=True)
         rows.append(row)
         print(json.dumps(row), flush=True)

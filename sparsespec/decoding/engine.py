@@ -54,6 +54,11 @@ class GenerationResult:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
 
     @property
+    def gamma(self) -> float:
+        """Relative drafting cost: mean draft step time / mean verification pass time."""
+        return (self.draft_s / max(self.draft_steps, 1)) / (self.verify_s / max(self.verify_steps, 1))
+
+    @property
     def acceptance_rate(self) -> float | None:
         """alpha: accepted / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else None

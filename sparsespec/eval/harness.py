@@ -349,7 +349,7 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
     }
     if method.speculative and res.rounds:
         k_mean = res.drafted / len(res.rounds)
-        gamma = (res.draft_s / max(res.draft_steps, 1)) / (res.verify_s / max(res.verify_steps, 1))
+        gamma = res.gamma
         alpha = res.acceptance_rate or 0.0
         row.update({
             "k_mean": k_mean,

@@ -153,17 +153,20 @@ def _attend_reference(q, k, v, scale, mask, lse_rows=0):
     hq, n, d = q.shape
     hkv, total, _ = k.shape
     group = hq // hkv
-    m = causal_block_mask(n, total, q.device) if mask is None else mask
     if n > SMALL_QUERY_BLOCK:
-        if mask is None and n == total:
+        if mask is None and n == total:  # plain causal: SDPA needs no mask
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
         else:
+            m = causal_block_mask(n, total, q.device) if mask is None else mask
             out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, scale=scale, enable_gqa=True)
         if not lse_rows:
             return out[0], None
-        # SDPA keeps no LSE: one pass over the keys for the captured rows only
-        scores = _scores(q[:, n - lse_rows :], k, scale, m[n - lse_rows :], group)
+        # SDPA keeps no LSE: one pass over the keys for the captured rows only (the last lse_rows
+        # rows of the causal mask are causal_block_mask(lse_rows, total))
+        rows = causal_block_mask(lse_rows, total, q.device) if mask is None else mask[n - lse_rows :]
+        scores = _scores(q[:, n - lse_rows :], k, scale, rows, group)
         return out[0], torch.logsumexp(scores, -1).reshape(hq, lse_rows)
+    m = causal_block_mask(n, total, q.device) if mask is None else mask
     scores = _scores(q, k, scale, m, group)  # [Hkv, G, n, T]
     out = (torch.softmax(scores, dim=-1).to(v.dtype).reshape(hkv, group * n, total) @ v).reshape(hq, n, d)
     if not lse_rows:
