@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ctx", default="4k,8k,16k,32k", help="comma-separated context lengths")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the repeats (0 at 64k+, where a "
+                   "run is minutes and there is nothing left to warm)")
     p.add_argument("--samples", type=int, default=1, help="books (prompts) per ctx")
     p.add_argument("--methods", default="hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,budgetdraft",
                    help="comma-separated; a method may carry overrides: sparsespec_l:controller=fixed:k=8")
@@ -55,7 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", default=str(ROOT.parent / "shared/data/pg19/test.jsonl"))
     p.add_argument("--hf-full-max", default="8k", help="largest ctx for HF assisted / prompt lookup")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", default=None, help="write raw results here")
+    p.add_argument("--json", default=None, help="write raw results here; each finished sample is also kept in "
+                   "JSON.partial.jsonl until the run ends")
+    p.add_argument("--resume", action="store_true", help="reuse the finished samples in JSON.partial.jsonl")
     p.add_argument("--write", default=None, help="markdown file to put the table in (a section per --name)")
     p.add_argument("--name", default="decode", help="section name in the markdown file")
     p.add_argument("--plot", default=None, help="PNG of decode tok/s vs ctx per method")
@@ -129,7 +133,8 @@ def run_ours(method, target, drafter, prompt, n, shared) -> dict:
     res = engine.generate(prompt, n, cache=shared)
     shared.crop(head)
     row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
-           "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens}
+           "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens,
+           "acceptance_quarters": res.acceptance_by_part(4) if res.drafted else None}
     if res.draft_steps and res.verify_steps:
         row["gamma"] = res.gamma
         row["k_mean"] = res.drafted / max(len(res.rounds), 1)
@@ -206,12 +211,21 @@ def main(argv=None) -> dict:
     log.info("read bandwidth %.1f GB/s; weights %.0f MB; KV %.1f KB/token", bw, weight_bytes / 1e6,
              kv_per_token / 1e3)
 
+    checkpoint = Checkpoint.open(args)
     rows = []
     for ctx in ctxs:
         hf, tok, drafter_hf = models_for(ctx)
         target, drafter = CausalLM(hf), CausalLM(drafter_hf) if drafter_hf is not None else None
         samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples)
+        # HF's assisted / prompt-lookup generation re-prefill their own state: short contexts only
+        here = [s for s in specs if not (s in ("hf_assisted", "hf_lookup") and ctx > hf_full_max)]
         for sample in samples:
+            done = checkpoint.rows(ctx, sample.sample_id, here)
+            if done:
+                log.info("ctx %d %s: resumed from %s", ctx, sample.sample_id, checkpoint.path)
+                rows += done
+                continue
+            sample_rows = []
             prompt = sample.prompt_ids
             shared, prefill_s = prefill_once(target, sample, args.new_tokens)
             hf_prefill_s = None
@@ -223,16 +237,14 @@ def main(argv=None) -> dict:
             log.info("ctx %d %s: prefill ours %.1f s, HF %s", ctx, sample.sample_id, prefill_s,
                      f"{hf_prefill_s:.1f} s" if hf_prefill_s else "-")
             floor = bw * 1e9 / (weight_bytes + kv_per_token * (len(prompt) + args.new_tokens // 2))
-            for spec in specs:
-                if spec in ("hf_assisted", "hf_lookup") and ctx > hf_full_max:
-                    continue
+            for spec in here:
                 runs = []
-                for rep in range(args.repeats + 1):  # the first run warms up and is dropped
+                for rep in range(args.warmup + args.repeats):  # warm-up runs are dropped
                     if spec in HF_METHODS:
                         r = run_hf(spec, hf, drafter_hf, prompt, args.new_tokens, shared, hf.config)
                     else:
                         r = run_ours(ours[spec], target, drafter, prompt, args.new_tokens, shared)
-                    if rep:
+                    if rep >= args.warmup:
                         runs.append(r)
                 rates = [r["decode_tok_s"] for r in runs]
                 row = {"ctx": ctx, "sample": sample.sample_id, "method": spec, "prompt_tokens": len(prompt),
@@ -243,9 +255,12 @@ def main(argv=None) -> dict:
                             "index_ms", "other_ms"):
                     vals = [r[key] for r in runs if r.get(key) is not None]
                     row[key] = statistics.fmean(vals) if vals else None
-                rows.append(row)
+                row["acceptance_quarters"] = runs[0].get("acceptance_quarters")
+                sample_rows.append(row)
                 log.info("ctx %d %-28s %6.2f ± %.2f tok/s  α=%s", ctx, spec, row["tok_s"], row["tok_s_std"],
                          f"{row['acceptance']:.2f}" if row["acceptance"] is not None else "-")
+            checkpoint.add(sample_rows)
+            rows += sample_rows
             del shared
     _compare(rows)
     report = {"args": vars(args), "bandwidth_gbs": bw, "weight_bytes": weight_bytes, "rows": rows,
@@ -259,7 +274,54 @@ def main(argv=None) -> dict:
         write_section(Path(args.write), args.name, table)
     if args.plot:
         plot_rows(rows, Path(args.plot))
+    checkpoint.close()
     return report
+
+
+class Checkpoint:
+    """Finished samples, one JSON line each, beside --json: an hour-long 64k run that stops (or is
+    stopped) keeps what it finished, and `--resume` skips those samples, prefill included. The first
+    line records the settings a resumed run must share."""
+
+    KEYS = ("new_tokens", "model_path", "dtype", "drafter_path", "data", "repeats", "warmup")
+
+    def __init__(self, path: Path | None, done: list[dict]):
+        self.path, self.done = path, done
+
+    @classmethod
+    def open(cls, args) -> Checkpoint:
+        if not args.json:
+            if args.resume:
+                raise SystemExit("--resume needs --json (the checkpoint is JSON.partial.jsonl)")
+            return cls(None, [])
+        path = Path(args.json).with_suffix(".partial.jsonl")
+        header = {k: getattr(args, k) for k in cls.KEYS}
+        done = []
+        if args.resume and path.exists():
+            head, *lines = path.read_text().splitlines()
+            if json.loads(head) != header:
+                raise SystemExit(f"--resume: {path} was written with other settings ({head}); rerun with "
+                                 "those, or without --resume to start over")
+            done = [row for line in lines for row in json.loads(line)]
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(header) + "\n")
+        return cls(path, done)
+
+    def rows(self, ctx: int, sample_id: str, specs: list[str]) -> list[dict]:
+        """This sample's rows if every method finished it, else [] (it runs again)."""
+        rows = {r["method"]: r for r in self.done if r["ctx"] == ctx and r["sample"] == sample_id}
+        return [rows[s] for s in specs if s in rows] if all(s in rows for s in specs) else []
+
+    def add(self, sample_rows: list[dict]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(sample_rows) + "\n")
+
+    def close(self) -> None:
+        """The run finished and --json holds everything: the checkpoint has done its job."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 def plot_rows(rows: list[dict], path: Path) -> None:
@@ -350,6 +412,15 @@ def to_markdown(report: dict) -> str:
         for (ctx, method), rs in by_key.items():
             lines.append(f"| {_ctx_label(ctx)} | {method} | {len(rs)} | {_spread(rs, 'vs_ar')} | "
                          f"{_spread(rs, 'acceptance')} | {_spread(rs, 'tau')} |")
+    quarters = [key for key in keys if any(r.get("acceptance_quarters") for r in by_key[key])]
+    if quarters:  # the referee's long-output objection: does acceptance decay as the output grows?
+        lines += ["", "Acceptance by quarter of the generated tokens (mean ± std over samples; a round counts "
+                  "in the quarter where its first token falls):", "",
+                  "| ctx | method | 1st | 2nd | 3rd | 4th |", "|---|---|---|---|---|---|"]
+        for ctx, method in quarters:
+            qs = [r["acceptance_quarters"] for r in by_key[(ctx, method)] if r.get("acceptance_quarters")]
+            cells = [_spread([{"a": q[i]} for q in qs], "a") for i in range(4)]
+            lines.append(f"| {_ctx_label(ctx)} | {method} | " + " | ".join(cells) + " |")
     prof = [key for key in keys if any(r.get("draft_ms") is not None for r in by_key[key])]
     if prof:
         lines += ["", "Where a round's time goes (ms per round, mean over samples): drafting all its tokens, the "

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_data import make_tokenizer
 from test_harness import _doc
@@ -127,3 +128,71 @@ def test_bench_markdown_reports_the_spread_over_samples():
     text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
     assert "| 4k | magicdec | 2 | 1.00 ± 0.28 | 0.70 ± 0.14 | 3.10 ± 0.42 |" in text  # sample std, not repeats'
     assert "| 4k | magicdec | 15.0 | 5.0 | 1.0 | 0.1 |" in text and "| 4k | magicdec | 10.0 |" not in text  # one row, not one per sample
+
+
+def _books(tmp_path: Path, n: int) -> Path:
+    data = tmp_path / "pg19.jsonl"
+    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
+                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(n)))
+    return data
+
+
+def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
+    """A run stopped during its second sample keeps the first; --resume neither prefills nor decodes
+    it again, and the finished report equals an uninterrupted run's outputs."""
+    tok = make_tokenizer(chat=False)
+    target = _save(tmp_path / "target", tok, layers=2, seed=0)
+    out = tmp_path / "r.json"
+    argv = ["--ctx", "400", "--new-tokens", "10", "--repeats", "1", "--warmup", "0", "--samples", "2",
+            "--methods", "ar,sparsespec_l", "--model-path", str(target), "--data", str(_books(tmp_path, 2)),
+            "--threads", "1", "--json", str(out)]
+    partial = out.with_suffix(".partial.jsonl")
+    real_prefill, prefilled = bench.prefill_once, []
+
+    def stop_on_second(target, sample, n):
+        if prefilled:
+            raise KeyboardInterrupt
+        prefilled.append(sample.sample_id)
+        return real_prefill(target, sample, n)
+
+    monkeypatch.setattr(bench, "prefill_once", stop_on_second)
+    try:
+        bench.main(argv)
+    except KeyboardInterrupt:
+        pass
+    assert not out.exists() and len(partial.read_text().splitlines()) == 2  # settings + the first sample
+
+    def count(target, sample, n):
+        prefilled.append(sample.sample_id)
+        return real_prefill(target, sample, n)
+
+    monkeypatch.setattr(bench, "prefill_once", count)
+    with pytest.raises(SystemExit, match="other settings"):
+        bench.main([*argv, "--new-tokens", "11", "--resume"])
+    resumed = bench.main([*argv, "--resume"])
+    assert len(prefilled) == 2 and prefilled[0] != prefilled[1]  # only the unfinished sample ran again
+    assert not partial.exists() and json.loads(out.read_text())["rows"] == json.loads(json.dumps(resumed["rows"]))
+    fresh = bench.main([a for a in argv if a not in ("--json", str(out))])
+    assert [r["output_ids"] for r in resumed["rows"]] == [r["output_ids"] for r in fresh["rows"]]
+    assert all(r["identical_ar"] for r in resumed["rows"])
+    assert [r["sample"] for r in resumed["rows"]] == [r["sample"] for r in fresh["rows"]]
+
+
+def test_acceptance_by_part_counts_each_round_where_it_starts():
+    from sparsespec.decoding.engine import GenerationResult
+
+    # 16 tokens: the prefill's, then rounds emitting 4 (3 of 4 accepted), 4 (3/4), 1 (0/4), 6 (5/5)
+    res = GenerationResult(output_ids=list(range(16)), prompt_tokens=8, prefill_s=0.0, wall_s=1.0,
+                           rounds=[(4, 3), (4, 3), (4, 0), (5, 5)])
+    # the rounds start at tokens 1, 5, 9, 10 of 16: quarters 0, 1, 2, 2; none starts in the last
+    assert res.acceptance_by_part(4) == [0.75, 0.75, 5 / 9, None]
+    assert res.acceptance_by_part(1) == [11 / 17]
+
+
+def test_bench_markdown_reports_acceptance_by_quarter():
+    rows = [{"ctx": 65536, "sample": s, "method": "sparsespec_l", "tok_s": 4.0, "tok_s_std": 0.0, "vs_hf": None,
+             "vs_ar": 1.0, "floor_tok_s": 9.0, "acceptance": 0.7, "tau": 3.0, "gamma": 0.2, "k_mean": 4.0,
+             "index_share": 0.2, "identical_ar": True, "identical_hf": None, "prefill_s": 1.0, "hf_prefill_s": None,
+             "peak_rss_gb": 5.0, "acceptance_quarters": q} for s, q in ((1, [0.6, 0.7, 0.8, 0.9]), (2, [0.8, 0.7, None, 0.9]))]
+    text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
+    assert "| 64k | sparsespec_l | 0.70 ± 0.14 | 0.70 ± 0.00 | 0.80 ± 0.00 | 0.90 ± 0.00 |" in text

@@ -63,6 +63,18 @@ class GenerationResult:
         """alpha: accepted / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else None
 
+    def acceptance_by_part(self, parts: int = 4) -> list[float | None]:
+        """alpha over each of `parts` equal stretches of the output, a round counted in the stretch
+        where its first emitted token falls (does acceptance decay over a long generation?)."""
+        drafted, accepted = [0] * parts, [0] * parts
+        pos = 1  # the first output token comes from the prefill
+        for d, a in self.rounds:
+            part = min(pos * parts // max(self.new_tokens, 1), parts - 1)
+            drafted[part] += d
+            accepted[part] += a
+            pos += a + 1
+        return [a / d if d else None for a, d in zip(accepted, drafted, strict=True)]
+
     @property
     def mean_accepted_tokens(self) -> float | None:
         """tau: tokens emitted per verification round (accepted drafts + the verifier's token)."""
