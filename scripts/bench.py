@@ -14,6 +14,8 @@ Protocol (docs/benchmarks.md repeats it next to the numbers):
   full prefill in both calls, only at ctx <= --hf-full-max (their prefills dominate the run);
 - bandwidth floor: (weight bytes + KV bytes read per token) / the read bandwidth measured here;
 - peak memory: the process' peak RSS so far (monotone over the run).
+- each method on each prompt: --warmup untimed runs of --warmup-tokens, then --repeats timed runs;
+- each finished prompt is checkpointed beside --json; `--resume` picks a stopped run up there.
 Every speculative method's greedy output is compared with our ar and with HF generate.
 """
 
@@ -45,8 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ctx", default="4k,8k,16k,32k", help="comma-separated context lengths")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the repeats (0 at 64k+, where a "
-                   "run is minutes and there is nothing left to warm)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs of each method before its repeats, each "
+                   "decoding --warmup-tokens (threads, allocator and kernels warm up; the tokens are not needed)")
+    p.add_argument("--warmup-tokens", type=int, default=32)
     p.add_argument("--samples", type=int, default=1, help="books (prompts) per ctx")
     p.add_argument("--methods", default="hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,budgetdraft",
                    help="comma-separated; a method may carry overrides: sparsespec_l:controller=fixed:k=8")
@@ -240,10 +243,11 @@ def main(argv=None) -> dict:
             for spec in here:
                 runs = []
                 for rep in range(args.warmup + args.repeats):  # warm-up runs are dropped
+                    n = args.new_tokens if rep >= args.warmup else min(args.new_tokens, args.warmup_tokens)
                     if spec in HF_METHODS:
-                        r = run_hf(spec, hf, drafter_hf, prompt, args.new_tokens, shared, hf.config)
+                        r = run_hf(spec, hf, drafter_hf, prompt, n, shared, hf.config)
                     else:
-                        r = run_ours(ours[spec], target, drafter, prompt, args.new_tokens, shared)
+                        r = run_ours(ours[spec], target, drafter, prompt, n, shared)
                     if rep >= args.warmup:
                         runs.append(r)
                 rates = [r["decode_tok_s"] for r in runs]
@@ -283,7 +287,7 @@ class Checkpoint:
     stopped) keeps what it finished, and `--resume` skips those samples, prefill included. The first
     line records the settings a resumed run must share."""
 
-    KEYS = ("new_tokens", "model_path", "dtype", "drafter_path", "data", "repeats", "warmup")
+    KEYS = ("new_tokens", "model_path", "dtype", "drafter_path", "data", "repeats", "warmup", "warmup_tokens")
 
     def __init__(self, path: Path | None, done: list[dict]):
         self.path, self.done = path, done
