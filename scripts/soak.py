@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from sparsespec.config import check_method, parse_ctx, register_configs  # noqa: E402
 from sparsespec.decoding.sampling import Sampling  # noqa: E402
 from sparsespec.eval.harness import SharedPrefill  # noqa: E402
+from sparsespec.eval.summary import distinct_by_part  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 
@@ -161,7 +162,10 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
             cache.crop(head)
         compare.append({"method": other.name, "new_tokens": r.new_tokens, "tokens_per_s": round(r.tokens_per_s, 3),
                         "acceptance_rate": r.acceptance_rate, "mean_accepted_tokens": r.mean_accepted_tokens,
-                        "same_output": r.output_ids == res.output_ids})
+                        "acceptance_by_quarter": r.acceptance_by_part(4) if r.drafted else None,
+                        "distinct_by_quarter": distinct_by_part(r.output_ids, 4),
+                        # greedy: the first law says identical; sampling: the same distribution, not the same draw
+                        "same_output": r.output_ids == res.output_ids if args.temperature == 0 else None})
     sampler.stop()
     decode = [r["rss_mib"] for r in rounds]
     start = decode[0] if decode else sampler.samples[-1]["rss_mib"]
@@ -172,6 +176,8 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
         "prefill_s": round(res.prefill_s, 2), "wall_s": round(res.wall_s, 2),
         "tokens_per_s": round(res.tokens_per_s, 3), "acceptance_rate": res.acceptance_rate,
         "mean_accepted_tokens": res.mean_accepted_tokens, "verify_steps": res.verify_steps,
+        "acceptance_by_quarter": res.acceptance_by_part(4) if res.drafted else None,
+        "distinct_by_quarter": distinct_by_part(res.output_ids, 4), "output_ids": res.output_ids,
         "rss_peak_mib": max(s["rss_mib"] for s in sampler.samples + rounds) if rounds else None,
         "rss_decode_start_mib": start, "rss_decode_end_mib": end, "decode_growth_mib": round(growth, 1),
         "bounded": growth <= max(64.0, 0.05 * start),
@@ -264,7 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "soak.json").write_text(json.dumps(report, indent=1))  # after every ctx: a crash keeps the rest
     plot(runs, out / "soak.png")
     summary = [{k: r[k] for k in ("ctx", "new_tokens", "acceptance_rate", "mean_accepted_tokens", "tokens_per_s",
-                                  "speedup_vs_ar", "rss_peak_mib", "decode_growth_mib", "bounded")}
+                                  "speedup_vs_ar", "acceptance_by_quarter", "distinct_by_quarter", "rss_peak_mib",
+                                  "decode_growth_mib", "bounded")}
                | {f"{c['method']}_tok_s": c["tokens_per_s"] for c in r["compare"]}
                | {f"same_as_{c['method']}": c["same_output"] for c in r["compare"]} for r in runs]
     print(json.dumps(summary, indent=1))

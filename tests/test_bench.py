@@ -14,6 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench  # noqa: E402
 
+from sparsespec.eval.summary import distinct_by_part  # noqa: E402
+
 
 def _save(d: Path, tok, layers: int, seed: int) -> Path:
     torch.manual_seed(seed)
@@ -176,6 +178,12 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
     assert [r["output_ids"] for r in resumed["rows"]] == [r["output_ids"] for r in fresh["rows"]]
     assert all(r["identical_ar"] for r in resumed["rows"])
     assert [r["sample"] for r in resumed["rows"]] == [r["sample"] for r in fresh["rows"]]
+    md = tmp_path / "b.md"
+    rerendered = bench.main(["--render", str(out), "--write", str(md), "--name", "r"])  # runs nothing
+    assert rerendered["rows"] == json.loads(out.read_text())["rows"]
+    assert bench.to_markdown(json.loads(out.read_text())) in md.read_text()
+    with pytest.raises(SystemExit, match="--render"):
+        bench.main(["--render", str(tmp_path / "missing.json")])
 
 
 def test_acceptance_by_part_counts_each_round_where_it_starts():
@@ -194,5 +202,11 @@ def test_bench_markdown_reports_acceptance_by_quarter():
              "vs_ar": 1.0, "floor_tok_s": 9.0, "acceptance": 0.7, "tau": 3.0, "gamma": 0.2, "k_mean": 4.0,
              "index_share": 0.2, "identical_ar": True, "identical_hf": None, "prefill_s": 1.0, "hf_prefill_s": None,
              "peak_rss_gb": 5.0, "acceptance_quarters": q} for s, q in ((1, [0.6, 0.7, 0.8, 0.9]), (2, [0.8, 0.7, None, 0.9]))]
+    # AR's outputs: 8 tokens, the first sample's second half a loop of one token
+    rows += [{**rows[0], "sample": s, "method": "ar", "acceptance": None, "tau": None, "gamma": None,
+              "acceptance_quarters": None, "output_ids": ids} for s, ids in ((1, [1, 2, 3, 4, 5, 5, 5, 5]),
+                                                                           (2, [1, 2, 3, 3, 4, 5, 6, 7]))]
     text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
     assert "| 64k | sparsespec_l | 0.70 ± 0.14 | 0.70 ± 0.00 | 0.80 ± 0.00 | 0.90 ± 0.00 |" in text
+    assert "| 64k | ar (distinct-token share) | 1.00 ± 0.00 | 0.75 ± 0.35 | 0.75 ± 0.35 | 0.75 ± 0.35 |" in text
+    assert distinct_by_part([1, 2, 3, 4, 5, 5, 5, 5, 5], 4) == [1.0, 1.0, 0.5, 1 / 3]  # the rest joins the last

@@ -45,6 +45,14 @@ def _short(v) -> str:
     return json.dumps(v, separators=(",", ":")) if isinstance(v, list | dict) else str(v)
 
 
+def distinct_by_part(ids: list[int], parts: int) -> list[float | None]:
+    """Distinct tokens / tokens in each of `parts` equal stretches of an output (low: a greedy loop,
+    which any drafter predicts, so acceptance measured there says little about real text)."""
+    size = max(len(ids) // parts, 1)
+    chunks = [ids[i * size: (i + 1) * size if i < parts - 1 else len(ids)] for i in range(parts)]
+    return [len(set(c)) / len(c) if c else None for c in chunks]
+
+
 def variants(rows: list[dict]) -> list[str]:
     """Per row, the method settings that differ from other rows of the same method ("" if none)."""
     by_method: dict[str, list[dict]] = defaultdict(list)
