@@ -480,3 +480,7 @@ def test_soak_script_smoke(env, tmp_path):
     assert [c["method"] for c in run["compare"]] == ["ar", "magicdec"]
     assert all(c["same_output"] and c["new_tokens"] == 24 for c in run["compare"])
     assert run["speedup_vs_ar"] > 0
+    # long-output evidence: acceptance by quarter, from the same rounds, and the loop check
+    quarters = [q for q in run["acceptance_by_quarter"] if q is not None]
+    assert len(run["acceptance_by_quarter"]) == 4 and quarters and all(0 <= q <= 1 for q in quarters)
+    assert len(run["output_ids"]) == 24 and len(run["distinct_by_quarter"]) == 4
