@@ -144,7 +144,7 @@ def run_ours(method, target, drafter, prompt, n, shared) -> dict:
     shared.crop(head)
     row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
            "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens,
-           "acceptance_quarters": res.acceptance_by_part(4) if res.drafted else None}
+           "acceptance_quarters": res.acceptance_by_part(4)}
     if res.draft_steps and res.verify_steps:
         row["gamma"] = res.gamma
         row["k_mean"] = res.drafted / max(len(res.rounds), 1)
@@ -278,17 +278,22 @@ def main(argv=None) -> dict:
     _compare(rows)
     report = {"args": vars(args), "bandwidth_gbs": bw, "weight_bytes": weight_bytes, "rows": rows,
               "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    table = to_markdown(report)
-    print(table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
+    publish(report, args)
+    checkpoint.close()
+    return report
+
+
+def publish(report: dict, args) -> None:
+    """The report's markdown on stdout, and in --write's section and --plot's PNG when asked."""
+    table = to_markdown(report)
+    print(table)
     if args.write:
         write_section(Path(args.write), args.name, table)
     if args.plot:
-        plot_rows(rows, Path(args.plot))
-    checkpoint.close()
-    return report
+        plot_rows(report["rows"], Path(args.plot))
 
 
 def render(path: Path, args) -> dict:
@@ -296,12 +301,7 @@ def render(path: Path, args) -> dict:
     if not path.is_file():
         raise SystemExit(f"--render: {path} is not a file (a report written by --json)")
     report = json.loads(path.read_text())
-    table = to_markdown(report)
-    print(table)
-    if args.write:
-        write_section(Path(args.write), args.name, table)
-    if args.plot:
-        plot_rows(report["rows"], Path(args.plot))
+    publish(report, args)
     return report
 
 
@@ -399,7 +399,12 @@ def _fmt(v, spec="{:.2f}") -> str:
 
 
 def _spread(rows: list[dict], key: str) -> str:
-    vals = [r[key] for r in rows if r.get(key) is not None]
+    return _mean_std([r.get(key) for r in rows])
+
+
+def _mean_std(values: list) -> str:
+    """'mean ± sample std' of the values that are not None; '—' if there are none."""
+    vals = [v for v in values if v is not None]
     if not vals:
         return "—"
     return f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals) if len(vals) > 1 else 0.0:.2f}"
@@ -450,11 +455,11 @@ def to_markdown(report: dict) -> str:
             ar = [r["output_ids"] for r in by_key.get((ctx, "ar"), []) if r.get("output_ids")]
             if ar:
                 shares = [distinct_by_part(ids, 4) for ids in ar]
-                cells = [_spread([{"d": d[i]} for d in shares], "d") for i in range(4)]
+                cells = [_mean_std([d[i] for d in shares]) for i in range(4)]
                 lines.append(f"| {_ctx_label(ctx)} | ar (distinct-token share) | " + " | ".join(cells) + " |")
             for method in [m for c, m in quarters if c == ctx]:
                 qs = [r["acceptance_quarters"] for r in by_key[(ctx, method)] if r.get("acceptance_quarters")]
-                cells = [_spread([{"a": q[i]} for q in qs], "a") for i in range(4)]
+                cells = [_mean_std([q[i] for q in qs]) for i in range(4)]
                 lines.append(f"| {_ctx_label(ctx)} | {method} | " + " | ".join(cells) + " |")
     prof = [key for key in keys if any(r.get("draft_ms") is not None for r in by_key[key])]
     if prof:

@@ -52,6 +52,7 @@ from sparsespec.data.pg19 import load_books, pg19_split  # noqa: E402
 from sparsespec.decoding.controllers import FixedK  # noqa: E402
 from sparsespec.decoding.drafters import ModelDrafter  # noqa: E402
 from sparsespec.decoding.engine import SpeculativeEngine  # noqa: E402
+from sparsespec.eval.summary import distinct_by_part  # noqa: E402
 from sparsespec.kv.views import FullView, StreamingView  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
@@ -175,7 +176,7 @@ def engine_rows(target, tok, models, args, ctx: int) -> list[dict]:
 
         ar = [run() for _ in range(args.engine_repeats)]
         ar_tps = statistics.mean(r.tokens_per_s for r in ar)
-        distinct.append(len(set(ar[0].output_ids)) / len(ar[0].output_ids))
+        distinct.append(distinct_by_part(ar[0].output_ids, 1)[0])
         titles.append(title)
         runs.setdefault(("ar", 0), []).extend((r, ar_tps) for r in ar)
         for label in args.engine_drafters:

@@ -162,7 +162,7 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
             cache.crop(head)
         compare.append({"method": other.name, "new_tokens": r.new_tokens, "tokens_per_s": round(r.tokens_per_s, 3),
                         "acceptance_rate": r.acceptance_rate, "mean_accepted_tokens": r.mean_accepted_tokens,
-                        "acceptance_by_quarter": r.acceptance_by_part(4) if r.drafted else None,
+                        "acceptance_by_quarter": r.acceptance_by_part(4),
                         "distinct_by_quarter": distinct_by_part(r.output_ids, 4),
                         # greedy: the first law says identical; sampling: the same distribution, not the same draw
                         "same_output": r.output_ids == res.output_ids if args.temperature == 0 else None})
@@ -176,7 +176,7 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
         "prefill_s": round(res.prefill_s, 2), "wall_s": round(res.wall_s, 2),
         "tokens_per_s": round(res.tokens_per_s, 3), "acceptance_rate": res.acceptance_rate,
         "mean_accepted_tokens": res.mean_accepted_tokens, "verify_steps": res.verify_steps,
-        "acceptance_by_quarter": res.acceptance_by_part(4) if res.drafted else None,
+        "acceptance_by_quarter": res.acceptance_by_part(4),
         "distinct_by_quarter": distinct_by_part(res.output_ids, 4), "output_ids": res.output_ids,
         "rss_peak_mib": max(s["rss_mib"] for s in sampler.samples + rounds) if rounds else None,
         "rss_decode_start_mib": start, "rss_decode_end_mib": end, "decode_growth_mib": round(growth, 1),

@@ -195,6 +195,8 @@ def test_acceptance_by_part_counts_each_round_where_it_starts():
     # the rounds start at tokens 1, 5, 9, 10 of 16: quarters 0, 1, 2, 2; none starts in the last
     assert res.acceptance_by_part(4) == [0.75, 0.75, 5 / 9, None]
     assert res.acceptance_by_part(1) == [11 / 17]
+    ar = GenerationResult(output_ids=list(range(16)), prompt_tokens=8, prefill_s=0.0, wall_s=1.0)
+    assert ar.acceptance_by_part(4) is None and ar.acceptance_rate is None  # nothing drafted
 
 
 def test_bench_markdown_reports_acceptance_by_quarter():

@@ -63,9 +63,12 @@ class GenerationResult:
         """alpha: accepted / drafted tokens."""
         return self.accepted / self.drafted if self.drafted else None
 
-    def acceptance_by_part(self, parts: int = 4) -> list[float | None]:
+    def acceptance_by_part(self, parts: int = 4) -> list[float | None] | None:
         """alpha over each of `parts` equal stretches of the output, a round counted in the stretch
-        where its first emitted token falls (does acceptance decay over a long generation?)."""
+        where its first emitted token falls (does acceptance decay over a long generation?); None,
+        like acceptance_rate, when nothing was drafted (AR)."""
+        if not any(d for d, _ in self.rounds):
+            return None
         drafted, accepted = [0] * parts, [0] * parts
         pos = 1  # the first output token comes from the prefill
         for d, a in self.rounds:
