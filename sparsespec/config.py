@@ -106,6 +106,7 @@ class TeacherConfig:
     topk: int = 8
     batch_size: int = 1
     cache_dir: str | None = None
+    on_policy_tokens: int = 0
 
 
 @dataclass
@@ -420,6 +421,9 @@ def validate_train_config(cfg: Any) -> None:
     for key in ("seq_len", "n_train", "n_val", "batch_size", "shard_size"):
         _positive(f"data.{key}", data[key], int)
     _non_negative("data.num_workers", data.num_workers, int)
+    _non_negative("teacher.on_policy_tokens", t.on_policy_tokens, int)
+    _require(t.on_policy_tokens < data.seq_len, "teacher.on_policy_tokens", t.on_policy_tokens,
+             f"fewer than data.seq_len={data.seq_len}: each window keeps seq_len - on_policy_tokens prompt tokens")
     _require(0 <= _num("data.offset", data.offset) < 1, "data.offset", data.offset,
              "[0, 1): the share of each document's characters to skip")
     if data.path is not None and not Path(str(data.path)).expanduser().exists():

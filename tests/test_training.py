@@ -266,6 +266,55 @@ def test_teacher_cache_reuse_and_resume(env, tmp_path):
     assert dm4.computed_shards > 0
 
 
+def test_on_policy_windows_are_the_targets_own_greedy_continuation(env, tmp_path):
+    target = tiny_target(len(env["tok"]))
+    n_new, seq_len = 16, 64
+    made = []
+
+    def factory():
+        made.append(Teacher(target, dtype="float32", topk=4, batch_size=3, on_policy_tokens=n_new))
+        return made[-1]
+
+    kw = dict(tokenizer=env["tok"], fingerprint=model_fingerprint(target), path=str(env["corpus"]), seq_len=seq_len,
+              n_train=5, n_val=1, teacher_dtype="float32", topk=4, cache_dir=str(tmp_path / "t"), shard_size=4)
+    dm = DraftDataModule(teacher=factory, on_policy_tokens=n_new, **kw)
+    dm.prepare_data()
+    dm.setup()
+    ids, tg = dm.datasets["train"].ids, dm.datasets["train"].targets
+    prompts = dm.splits["train"]
+    assert ids.shape == (5, seq_len) and prompts.shape == (5, seq_len - n_new)
+    assert torch.equal(ids[:, : seq_len - n_new], prompts)  # the window starts with the book text
+    with torch.no_grad():
+        logits = target(ids.long()).logits
+        reference = greedy_continuation(target, prompts[:1].long(), n_new)
+    # the continuation is plain greedy decoding of the prompt (batched, one row = unbatched)...
+    assert torch.equal(ids[:1].long(), reference)
+    # ...and the cached targets are the target's teacher-forced argmax / top-k over the whole sequence
+    assert torch.equal(tg["targets"].long(), logits.argmax(-1))
+    assert torch.equal(ids[:, seq_len - n_new :], tg["targets"][:, seq_len - n_new - 1 : -1])
+    top = torch.log_softmax(logits.float(), -1).topk(4, dim=-1)
+    assert torch.equal(tg["topk_idx"].long(), top.indices)
+    assert torch.allclose(tg["topk_logp"], top.values, atol=1e-4)
+    # batch 3 over shards of 4 rows (+ the val row): 2 + 1 + 1 calls; a second run reuses the cache
+    assert made[0].calls == 4
+    dm2 = DraftDataModule(teacher=factory, on_policy_tokens=n_new, **kw)
+    dm2.prepare_data()
+    dm2.setup()
+    assert len(made) == 1 and torch.equal(dm2.datasets["train"].ids, ids)
+    # book-text windows of the same data are another cache entry
+    dm3 = DraftDataModule(teacher=lambda: Teacher(target, dtype="float32", topk=4), **kw)
+    dm3.prepare_data()
+    assert dm3.computed_shards > 0
+
+
+def greedy_continuation(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """n greedy tokens by full recomputation (no cache): the independent reference."""
+    ids = prompt
+    for _ in range(n):
+        ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
 # ---------------------------------------------------------------------------------------------
 # train.py through Hydra compose, resume, export -> engine
 # ---------------------------------------------------------------------------------------------

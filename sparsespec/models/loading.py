@@ -311,6 +311,15 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16") from None
 
 
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword a Hugging Face forward takes its KV cache by: `cache` in transformers >= 5.x's
+    newer releases, `past_key_values` before (deprecated since, removed in 5.40)."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
 def _hub_message(hub_id: str, e: Exception) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return (f"model.path={hub_id} was taken as a Hugging Face hub id, but it could not be loaded: the hub "

@@ -8,7 +8,9 @@ with fewer, each document's last windows are.
 
 Each sequence is a window of `seq_len` tokens; windows are non-overlapping, start after `offset`
 (share of a document's characters, skipping Gutenberg front matter) and are taken round-robin over
-documents so every book contributes.
+documents so every book contributes. With `on_policy_tokens=N` (`teacher.on_policy_tokens`) a
+window is `seq_len - N` tokens of the document followed by the target's own greedy continuation
+of N tokens, made once by the teacher pass and cached with the targets.
 """
 
 from __future__ import annotations
@@ -144,13 +146,15 @@ class DraftDataModule(L.LightningDataModule):
                  fingerprint: str = "", path: str | None = None, seq_len: int = 2048, n_train: int = 96,
                  n_val: int = 4, offset: float = 0.02, batch_size: int = 1, num_workers: int = 0,
                  teacher_dtype: str = "bfloat16", topk: int = 8, cache_dir: str | None = None,
-                 shard_size: int = 16, seed: int = 0):
+                 shard_size: int = 16, seed: int = 0, on_policy_tokens: int = 0):
         super().__init__()
         self.tokenizer, self.teacher, self.fingerprint = tokenizer, teacher, fingerprint
         self.path, self.seq_len, self.n_train, self.n_val = path, int(seq_len), int(n_train), int(n_val)
         self.offset, self.batch_size, self.num_workers = float(offset), int(batch_size), int(num_workers)
         self.teacher_dtype, self.topk, self.shard_size = str(teacher_dtype), int(topk), int(shard_size)
-        self.seed = int(seed)
+        self.seed, self.on_policy_tokens = int(seed), int(on_policy_tokens)
+        if not 0 <= self.on_policy_tokens < self.seq_len:
+            raise ValueError(f"teacher.on_policy_tokens={on_policy_tokens} must be in [0, data.seq_len={seq_len})")
         from sparsespec.models.embedded import cache_root
 
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root() / "teacher"
@@ -164,11 +168,12 @@ class DraftDataModule(L.LightningDataModule):
         if self.splits:
             return self.splits
         train_docs, eval_docs = load_documents(self.path)
+        prompt_len = self.seq_len - self.on_policy_tokens  # the teacher appends the rest
         if eval_docs:
-            train = windows(train_docs, self.tokenizer, self.seq_len, self.n_train, self.offset)
-            val = windows(eval_docs, self.tokenizer, self.seq_len, self.n_val, self.offset)
+            train = windows(train_docs, self.tokenizer, prompt_len, self.n_train, self.offset)
+            val = windows(eval_docs, self.tokenizer, prompt_len, self.n_val, self.offset)
         else:  # few documents: hold out the tail windows of each
-            everything = windows(train_docs, self.tokenizer, self.seq_len, self.n_train + self.n_val, self.offset)
+            everything = windows(train_docs, self.tokenizer, prompt_len, self.n_train + self.n_val, self.offset)
             train, val = everything[: -self.n_val or None], everything[len(everything) - self.n_val :]
         if not train or not val:
             raise ValueError(f"data.path={self.path}: not enough text for {self.n_train}+{self.n_val} windows of "
@@ -178,7 +183,7 @@ class DraftDataModule(L.LightningDataModule):
                         self.n_train)
         self.splits = {"train": torch.tensor(train, dtype=torch.int32), "val": torch.tensor(val, dtype=torch.int32)}
         for name, ids in self.splits.items():
-            key = cache_key(self.fingerprint, ids, self.teacher_dtype, self.topk)
+            key = cache_key(self.fingerprint, ids, self.teacher_dtype, self.topk, self.on_policy_tokens)
             self.caches[name] = TeacherCache(self.cache_dir, key, ids.shape[0], self.shard_size)
         return self.splits
 
@@ -191,7 +196,8 @@ class DraftDataModule(L.LightningDataModule):
         """Rank 0 only (Lightning): run the teacher for every missing shard."""
         for name, ids in self._sequences().items():
             meta = {"split": name, "data_path": self.path, "fingerprint": self.fingerprint,
-                    "teacher_dtype": self.teacher_dtype, "topk": self.topk}
+                    "teacher_dtype": self.teacher_dtype, "topk": self.topk,
+                    "on_policy_tokens": self.on_policy_tokens}
             self.computed_shards += self.caches[name].build(ids, self._get_teacher, meta)
 
     def setup(self, stage: str | None = None) -> None:
@@ -199,12 +205,13 @@ class DraftDataModule(L.LightningDataModule):
             if name not in self.datasets:
                 cache = self.caches[name]
                 try:
-                    targets = cache.load(seq_len=ids.shape[1])
+                    targets = cache.load(seq_len=self.seq_len)
                 except TeacherCacheError as e:  # damaged since prepare_data: recompute, never read it
                     log.warning("%s; rebuilding", e)
                     self.computed_shards += cache.build(ids, self._get_teacher, {"split": name})
-                    targets = cache.load(seq_len=ids.shape[1])
-                self.datasets[name] = TeacherDataset(ids, targets)
+                    targets = cache.load(seq_len=self.seq_len)
+                # on-policy: the cached sequences (prompt + the target's continuation) are the inputs
+                self.datasets[name] = TeacherDataset(targets.pop("ids", ids), targets)
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = getattr(self, "trainer", None)

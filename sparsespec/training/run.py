@@ -104,10 +104,11 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, Any]
     drafter = instantiate(cfg.drafter, target=target)  # copies what it needs before the teacher cast
 
     tcfg = cfg.teacher
-    teacher_factory = lambda: Teacher(target, tcfg.dtype, tcfg.topk, tcfg.batch_size)  # noqa: E731
+    on_policy = int(tcfg.get("on_policy_tokens") or 0)
+    teacher_factory = lambda: Teacher(target, tcfg.dtype, tcfg.topk, tcfg.batch_size, on_policy)  # noqa: E731
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, teacher=teacher_factory, fingerprint=fingerprint,
                              teacher_dtype=tcfg.dtype, topk=tcfg.topk, cache_dir=tcfg.get("cache_dir"),
-                             seed=int(cfg.seed))
+                             seed=int(cfg.seed), on_policy_tokens=on_policy)
     module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),
                                optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None] + list(callbacks or [])

@@ -41,33 +41,73 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(fingerprint: str, sequences: torch.Tensor, dtype: str, topk: int) -> str:
-    h = hashlib.sha256(f"v{FORMAT_VERSION}|{fingerprint}|{dtype}|{topk}|{tuple(sequences.shape)}".encode())
+def cache_key(fingerprint: str, sequences: torch.Tensor, dtype: str, topk: int, on_policy_tokens: int = 0) -> str:
+    # on_policy_tokens=0 keeps the key of caches written before the option existed
+    extra = f"|gen{on_policy_tokens}" if on_policy_tokens else ""
+    h = hashlib.sha256(f"v{FORMAT_VERSION}|{fingerprint}|{dtype}|{topk}|{tuple(sequences.shape)}{extra}".encode())
     h.update(sequences.to(torch.int64).numpy().tobytes())
     return h.hexdigest()[:20]
 
 
 class Teacher:
-    """The target in its teacher dtype. `calls` counts forwards (tests prove cache reuse with it)."""
+    """The target in its teacher dtype. `calls` counts forwards (tests prove cache reuse with it).
 
-    def __init__(self, model: torch.nn.Module, dtype: str = "bfloat16", topk: int = 8, batch_size: int = 1):
+    With `on_policy_tokens=N` the rows it is given are prompts: it continues each one greedily by N
+    tokens and returns the whole sequence as `ids` with the targets at every position, so the drafter
+    trains on the text it will actually draft at inference (the target's own greedy output) and not
+    only on book text. The continuation and its targets come from the same forward passes, so the
+    target at a continuation position is, by construction, the next continuation token.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: str = "bfloat16", topk: int = 8, batch_size: int = 1,
+                 on_policy_tokens: int = 0):
         from sparsespec.models.loading import _torch_dtype
 
         self.dtype = str(dtype)
         self.model = model.to(_torch_dtype(dtype)).eval()
         self.topk, self.batch_size = int(topk), int(batch_size)
+        self.on_policy_tokens = int(on_policy_tokens)
         self.calls = 0
 
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        self.calls += 1
-        logits = self.model(ids).logits.float()  # [b, L, V]
+    def _targets(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = logits.float()
         out = {"targets": logits.argmax(-1).to(torch.int32)}
         if self.topk:
             logp = torch.log_softmax(logits, dim=-1)
             top = logp.topk(self.topk, dim=-1)
             out["topk_idx"] = top.indices.to(torch.int32)
             out["topk_logp"] = top.values
+        return out
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        if self.on_policy_tokens:
+            return self._continue(ids)
+        return self._targets(self.model(ids).logits)
+
+    def _continue(self, prompts: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Greedy continuation of a batch of equal-length prompts (so no padding), with the targets of
+        every position. Not `generate()`: it would not return the prompt positions' logits, and a
+        second pass over the whole sequence would double the cost. The head runs one row at a time so
+        a batch never holds [b, L, vocab] logits."""
+        from transformers import DynamicCache
+
+        from sparsespec.models.loading import cache_kwargs
+
+        cache = DynamicCache()
+        hidden = self.model.model(input_ids=prompts, **cache_kwargs(self.model.model, cache)).last_hidden_state
+        head = self.model.get_output_embeddings()
+        rows = [self._targets(head(hidden[i : i + 1])) for i in range(prompts.shape[0])]
+        parts = [{k: torch.cat([r[k] for r in rows]) for k in rows[0]}]
+        tokens = [prompts, parts[0]["targets"][:, -1:].long()]
+        for step in range(self.on_policy_tokens):
+            logits = self.model(input_ids=tokens[-1], **cache_kwargs(self.model, cache)).logits
+            parts.append(self._targets(logits))
+            if step + 1 < self.on_policy_tokens:  # the last target is kept, its token is not appended
+                tokens.append(parts[-1]["targets"].long())
+        out = {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
+        out["ids"] = torch.cat(tokens, dim=1).to(torch.int32)
         return out
 
 
