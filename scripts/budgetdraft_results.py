@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the results JSON here")
-    ap.add_argument("--write", default=None, help="replace the `fig1` section of this markdown file")
+    ap.add_argument("--write", default=None, help="replace the --section section of this markdown file")
+    ap.add_argument("--section", default="fig1", help="the section name for --write (<!-- bench:NAME -->)")
     ap.add_argument("--plot", default=None, help="write the Figure-1 plot here (PNG)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
     if args.write:
-        write_section(Path(args.write), "fig1", results["markdown"])
+        write_section(Path(args.write), args.section, results["markdown"])
     return results
 
 

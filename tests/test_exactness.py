@@ -6,7 +6,7 @@ import torch
 from conftest import random_prompt, tiny_lm
 
 from sparsespec.decoding.controllers import EntropyController, FixedK
-from sparsespec.decoding.drafters import ModelDrafter, SelfDrafter
+from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.kv.recall import RecallIndex
 from sparsespec.kv.views import FullView, StreamingView
@@ -24,10 +24,17 @@ def drafters(family):
         "snapkv": lambda: SelfDrafter(RecallIndex(budget=32, k_sink=4, k_recent=8, refresh=False)),
         "sd": lambda: ModelDrafter(small, FullView()),
         "sd_sparse_b16": lambda: ModelDrafter(small, StreamingView(budget=16, k_sink=2), prefill_chunk=50),
+        # unigrams recur in a 64-token vocabulary, so these really draft by lookup (asserted below)
+        "lookup1": lambda: LookupDrafter(1),
+        "lookup1_sd_sparse": lambda: LookupDrafter(1, ModelDrafter(small, StreamingView(budget=16, k_sink=2))),
+        "lookup1_recall": lambda: LookupDrafter(1, SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4))),
     }
 
 
-@pytest.mark.parametrize("family,prompt_len,seed", [("llama", 120, 0), ("qwen2", 333, 1), ("qwen3", 200, 2)])
+FAMILY_PROMPTS = [("llama", 120, 0), ("qwen2", 333, 1), ("qwen3", 200, 2)]
+
+
+@pytest.mark.parametrize("family,prompt_len,seed", FAMILY_PROMPTS)
 def test_greedy_identical_to_ar(family, prompt_len, seed):
     target = tiny_lm(family)
     prompt = random_prompt(prompt_len, seed=seed)
@@ -38,8 +45,32 @@ def test_greedy_identical_to_ar(family, prompt_len, seed):
             res = SpeculativeEngine(target, make(), FixedK(k)).generate(prompt, 40)
             assert res.output_ids == ar.output_ids, f"{family} {name} k={k}"
             assert res.drafted >= res.accepted and res.verify_steps < 40
+            if name.startswith("lookup"):  # the lookup path really drafted (the test has power)
+                assert res.extra["lookup_rounds"] > 0, f"{family} {name}"
         res = SpeculativeEngine(target, make(), EntropyController(candidates=(2, 4, 8))).generate(prompt, 40)
         assert res.output_ids == ar.output_ids, f"{family} {name} entropy controller"
+
+
+def test_lookup_drafts_are_accepted_and_exact():
+    """The accept path of lookup drafting, not only its reject path: a tiny random model's output
+    reuses tokens of its prompt often enough that unigram lookup drafts get accepted."""
+    accepted = {}
+    for family, prompt_len, seed in FAMILY_PROMPTS:
+        target, prompt = tiny_lm(family), random_prompt(prompt_len, seed=seed)
+        ar = SpeculativeEngine(target).generate(prompt, 40)
+        res = SpeculativeEngine(target, LookupDrafter(1), FixedK(5)).generate(prompt, 40)
+        assert res.output_ids == ar.output_ids, family
+        accepted[family] = res.accepted
+    assert sum(a > 0 for a in accepted.values()) >= 2, accepted
+
+
+def test_lookup_drafts_what_followed_the_latest_earlier_ngram():
+    two, one = LookupDrafter(2), LookupDrafter(1)
+    assert two.lookup([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert two.lookup([1, 2, 9, 1, 2, 8, 1, 2], 2) == [8, 1]  # the latest occurrence wins
+    assert two.lookup([5, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # a copy past the end repeats itself
+    assert one.lookup([7, 7, 7], 3) == [7, 7, 7]
+    assert two.lookup([1, 2, 3], 3) == [] and two.lookup([1, 2], 3) == []  # no earlier occurrence
 
 
 def test_self_drafter_with_full_view_is_always_accepted():

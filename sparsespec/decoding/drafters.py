@@ -137,3 +137,78 @@ class ModelDrafter:
         # drafter entries that lie on that sequence.
         valid = len(state.tokens) - 1
         self.cache.crop(min(self.cache.length, valid))
+
+
+@dataclass
+class LookupDrafter:
+    """Prompt lookup (Saxena 2023): if the last `ngram` tokens occurred before, draft the tokens that
+    followed their latest earlier occurrence; otherwise ask `fallback` (any drafter; None: no draft
+    this round, a plain verification step).
+
+    It reads token ids only, no KV and no model, so a draft costs ~nothing. That pays off where the
+    target repeats itself, which its greedy continuations of long books do a lot (docs/training.md).
+    Under sampling the draft is deterministic: q is one-hot, so speculative sampling accepts token x
+    with probability p(x) and resamples from p without x, which keeps the target's distribution.
+    """
+
+    ngram: int = 2
+    fallback: SelfDrafter | ModelDrafter | None = None
+    looked_up: int = 0  # rounds drafted by lookup / not (by the fallback, or no draft), reported
+    fell_back: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ngram < 1:
+            raise ValueError(f"lookup n-gram size must be >= 1, got {self.ngram}")
+
+    @property
+    def view(self) -> KVView | None:  # the engine collects the fallback view's report
+        return getattr(self.fallback, "view", None)
+
+    def prefill_capture(self) -> Capture | None:
+        return self.fallback.prefill_capture() if self.fallback else None
+
+    def verify_capture(self) -> Capture | None:
+        return self.fallback.verify_capture() if self.fallback else None
+
+    def start(self, state: DecodeState) -> None:
+        self.looked_up = self.fell_back = 0
+        if self.fallback:
+            self.fallback.start(state)
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """The k tokens that followed the latest earlier occurrence of tokens[-ngram:] ([] if none).
+        A copy that runs past the end continues from its own start, i.e. a repeating stretch is
+        extended periodically (in "a b a b" the last "a b" follows the first: draft "a b a ...")."""
+        n = self.ngram
+        if len(tokens) <= n:
+            return []
+        ids = torch.tensor(tokens)
+        # every earlier n-gram start i (its next token, ids[i + n], must exist: i < len - n)
+        hits = (ids[:-1].unfold(0, n, 1) == ids[-n:]).all(-1).nonzero()
+        if hits.numel() == 0:
+            return []
+        start, out = int(hits[-1]) + n, []
+        for j in range(k):
+            pos = start + j
+            out.append(tokens[pos] if pos < len(tokens) else out[pos - len(tokens)])
+        return out
+
+    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+        t0 = time.perf_counter()
+        out = self.lookup(state.tokens, controller.max_draft())
+        if not out:
+            self.fell_back += 1
+            if self.fallback is not None:
+                return self.fallback.propose(state, controller, sampling, gen)
+        else:
+            self.looked_up += 1
+        vocab = state.target.vocab_size
+        q = None if sampling.greedy or not out else torch.nn.functional.one_hot(torch.tensor(out), vocab).float()
+        return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0)
+
+    def accepted(self, state: DecodeState, n_accepted: int) -> None:
+        if self.fallback:
+            self.fallback.accepted(state, n_accepted)
+
+    def report(self) -> dict[str, int]:
+        return {"lookup_rounds": self.looked_up, "fallback_rounds": self.fell_back}

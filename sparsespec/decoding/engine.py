@@ -145,7 +145,7 @@ class SpeculativeEngine:
                 first = new[-1]
             res.output_ids = new[:max_new_tokens]
         res.wall_s = time.perf_counter() - t0
-        for part in (self.controller, getattr(drafter, "view", None)):  # controller and view reports
+        for part in (self.controller, getattr(drafter, "view", None), drafter):  # their reports, if any
             if hasattr(part, "report"):
                 res.extra.update(part.report())
         return res

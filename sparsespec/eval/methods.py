@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from sparsespec.decoding.controllers import EntropyController, FixedK
-from sparsespec.decoding.drafters import ModelDrafter, SelfDrafter
+from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.kv.recall import RecallIndex
 from sparsespec.kv.views import FullView, KVView, StreamingView
 from sparsespec.models.runner import CausalLM
 
-DRAFTERS = ("none", "self", "model")
+DRAFTERS = ("none", "self", "model", "lookup")
 VIEWS = ("full", "streaming", "snapkv", "recall")
 CONTROLLERS = ("fixed", "entropy")
 
@@ -32,7 +32,8 @@ class MethodConfig:
 
     _target_: str = "sparsespec.eval.methods.Method"
     name: str = MISSING
-    drafter: str = "none"  # none (AR) | self (target drafts for itself) | model (small drafter)
+    drafter: str = "none"  # none (AR) | self (target drafts for itself) | model (small drafter) | lookup
+    lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off)
     view: str = "full"  # which cached positions the drafter attends to
     controller: str = "fixed"
     k: int = 4  # fixed draft length
@@ -78,12 +79,14 @@ class Method(MethodConfig):
         def is_num(v) -> bool:
             return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # not nan
 
-        for key in ("k", "window", "refresh_every", "k_sink") + (("budget",) if self.budget is not None else ()) + (
+        for key in ("k", "window", "refresh_every", "k_sink", "lookup") + (("budget",) if self.budget is not None else ()) + (
                 ("k_recent",) if self.k_recent is not None else ()):
             if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
                 raise MethodConfigError(f"method.{key}={getattr(self, key)!r} has the wrong type: expected an integer")
         if self.k <= 0:
             raise bad("k", "a positive draft length (>= 1)")
+        if self.lookup < 0 or (self.drafter == "lookup" and self.lookup < 1):
+            raise bad("lookup", "an n-gram size >= 1 for drafter=lookup, else >= 0 (0: no lookup)")
         if self.window <= 0:
             raise bad("window", "a positive number of verification queries (>= 1)")
         if self.refresh_every <= 0:
@@ -139,10 +142,14 @@ class Method(MethodConfig):
         """A fresh engine (fresh controller and view state) for one generation."""
         if self.drafter == "none":
             return SpeculativeEngine(target, None, FixedK(1), prefill_chunk)
-        if self.drafter == "self":
+        if self.drafter == "lookup":
+            drafter = None
+        elif self.drafter == "self":
             drafter = SelfDrafter(self.make_view())
         else:
             if drafter_model is None:
                 raise MethodConfigError(f"method {self.name} needs a drafter model: pass drafter.path=DIR")
             drafter = ModelDrafter(drafter_model, self.make_view(), prefill_chunk)
+        if self.lookup:
+            drafter = LookupDrafter(self.lookup, fallback=drafter)
         return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk)
