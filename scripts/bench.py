@@ -59,6 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter-path", default=None,
                    help="drafter for sd / budgetdraft / hf_assisted (default: latest train.py export)")
     p.add_argument("--data", default=str(ROOT.parent / "shared/data/pg19/test.jsonl"))
+    p.add_argument("--split", default="test", choices=("test", "train", "eval"),
+                   help="PG-19 books: test = all, eval = the 2 held out from drafter training (use it when a "
+                        "trained drafter runs: its training windows start where these prompts do)")
     p.add_argument("--hf-full-max", default="8k", help="largest ctx for HF assisted / prompt lookup")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None, help="write raw results here; each finished sample is also kept in "
@@ -228,7 +231,7 @@ def main(argv=None) -> dict:
     for ctx in ctxs:
         hf, tok, drafter_hf = models_for(ctx)
         target, drafter = CausalLM(hf), CausalLM(drafter_hf) if drafter_hf is not None else None
-        samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples)
+        samples = load_samples("pg19", tok, ctx, path=args.data, limit=args.samples, split=args.split)
         # HF's assisted / prompt-lookup generation re-prefill their own state: short contexts only
         here = [s for s in specs if not (s in ("hf_assisted", "hf_lookup") and ctx > hf_full_max)]
         for sample in samples:
@@ -310,7 +313,7 @@ class Checkpoint:
     stopped) keeps what it finished, and `--resume` skips those samples, prefill included. The first
     line records the settings a resumed run must share."""
 
-    KEYS = ("new_tokens", "model_path", "dtype", "drafter_path", "data", "repeats", "warmup", "warmup_tokens")
+    KEYS = ("new_tokens", "model_path", "dtype", "drafter_path", "data", "split", "repeats", "warmup", "warmup_tokens")
 
     def __init__(self, path: Path | None, done: list[dict]):
         self.path, self.done = path, done

@@ -24,6 +24,13 @@ first seed of each --engine-drafters group, at budget --engine-budget and every 
 +- std over prompts and repeats, and how repetitive AR's own output is (a greedy loop makes every
 drafter look alike).
 
+On the target's own output (--own-ctx, teacher-forced, untimed). The drafter drafts the target's
+greedy continuation, not book text. For each held-out prompt of --own-ctx tokens, the target
+decodes --own-tokens greedy tokens. Each drafter (every seed, full cache and --engine-budget) and
+prompt lookup (--lookup-ngrams: the token that followed the latest earlier occurrence of the last n
+tokens) then predict each of them. The table gives the share of matches, overall and by quarter of
+the output, next to AR's distinct-token share per quarter.
+
   python scripts/budgetdraft_results.py untrained full='outputs/fig1/full_s*/drafter' \
       single='outputs/fig1/single_s*/drafter' multi='outputs/fig1/multi_s*/drafter' \
       --ctx 4096 8192 16384 --engine-ctx 4096 16384 --out outputs/fig1/results.json \
@@ -50,7 +57,7 @@ from bench import write_section  # noqa: E402
 
 from sparsespec.data.pg19 import load_books, pg19_split  # noqa: E402
 from sparsespec.decoding.controllers import FixedK  # noqa: E402
-from sparsespec.decoding.drafters import ModelDrafter  # noqa: E402
+from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter  # noqa: E402
 from sparsespec.decoding.engine import SpeculativeEngine  # noqa: E402
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
 from sparsespec.kv.views import FullView, StreamingView  # noqa: E402
@@ -208,6 +215,42 @@ def engine_rows(target, tok, models, args, ctx: int) -> list[dict]:
     return rows
 
 
+@torch.inference_mode()
+def own_output_rows(target, tok, models, args) -> list[dict]:
+    """Agreement with the target's own greedy continuation (see the module docstring)."""
+    ctx, n = args.own_ctx, args.own_tokens
+    tlm = CausalLM(target)
+    per: dict[tuple[str, str], list[list[torch.Tensor]]] = {}  # (label, view) -> per seed: per book
+    distinct = []
+    for title, ids in held_out_windows(tok, ctx, args.books, args.data):
+        out = SpeculativeEngine(tlm).generate(ids, n).output_ids
+        seq, gold = ids + out, torch.tensor(out)
+        distinct.append(distinct_by_part(out, 4))
+        for label, seeds in models.items():
+            for b in (None, args.engine_budget):
+                per.setdefault((label, str(b or "full")), [[] for _ in seeds])
+                for si, model in enumerate(seeds):  # the drafter at position ctx-1+j predicts out[j]
+                    pred = drafter_greedy(model, seq[:-1], n, view_for(b))
+                    per[(label, str(b or "full"))][si].append((pred == gold).float())
+        for g in args.lookup_ngrams:
+            d = LookupDrafter(g)
+            hit = torch.tensor([float(d.lookup(seq[: ctx + j], 1) == [out[j]]) for j in range(n)])
+            per.setdefault((f"lookup n={g}", "-"), [[]])[0].append(hit)
+        print(f"own output at ctx {ctx}: {title} done", flush=True)
+    ar_quarters = [statistics.mean(q) for q in zip(*distinct, strict=True)]
+    rows = []
+    for (label, view), seeds in per.items():
+        by_seed = [torch.stack(books).mean(0) for books in seeds]  # [n] agreement per output position
+        overall = [float(x.mean()) for x in by_seed]
+        quarters = torch.stack([x.reshape(4, -1).mean(1) for x in by_seed]).mean(0).tolist()
+        row = {"ctx": ctx, "new_tokens": n, "drafter": label, "view": view, "n_seeds": len(seeds),
+               "n_books": len(seeds[0]), "acc": mean_std(overall)[0], "acc_std": mean_std(overall)[1],
+               "quarters": quarters, "ar_distinct_quarters": ar_quarters}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drafters", nargs="+", help="LABEL=DIR[,DIR...] (globs allowed; one dir per seed) or `untrained`")
@@ -226,6 +269,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--engine-repeats", type=int, default=2)
     ap.add_argument("--engine-books", type=int, default=2, help="held-out prompts for the real loop")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--own-ctx", type=int, default=None, help="prompt length for the own-output table (none: skip)")
+    ap.add_argument("--own-tokens", type=int, default=512, help="greedy tokens the target decodes for it")
+    ap.add_argument("--lookup-ngrams", type=int, nargs="*", default=[1, 2, 3], help="prompt-lookup n-gram sizes")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the results JSON here")
     ap.add_argument("--write", default=None, help="replace the --section section of this markdown file")
@@ -239,7 +285,16 @@ def main(argv: list[str] | None = None) -> dict:
         args.engine_drafters = [d for d in args.engine_drafters if d in groups]
 
     results: dict = {"command": shlex.join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
-                     "groups": groups, "rows": [], "engine": []}
+                     "groups": groups, "rows": [], "engine": [], "own": []}
+    if args.own_ctx is not None and args.own_tokens % 4:
+        raise SystemExit(f"--own-tokens {args.own_tokens}: must be a multiple of 4 (the table has quarters)")
+    if args.own_ctx is not None:
+        tgt = load_model(args.model, ctx=args.own_ctx + args.own_tokens + 64)
+        models = {label: [truncated(tgt.model, args.n_layers).eval() if d == "untrained" else
+                          load_model(d, ctx=args.own_ctx + args.own_tokens + 64).model for d in dirs]
+                  for label, dirs in groups.items()}
+        results["own"] = own_output_rows(tgt.model, tgt.tokenizer, models, args)
+        del models, tgt
     for ctx in sorted(set(args.ctx) | set(args.engine_ctx)):
         need = ctx + (args.new_tokens + 64 if ctx in args.engine_ctx else 0)
         tgt = load_model(args.model, ctx=need)
@@ -301,6 +356,17 @@ def markdown(results: dict, args) -> str:
                 if r:
                     out.append(f"| {_ctx(c)} | {lab} | " + " | ".join(
                         _pm(r[f"tau{k}"], r[f"tau{k}_std"], ".2f") for k in args.ks) + " |")
+    if results.get("own"):
+        own = results["own"]
+        q = own[0]["ar_distinct_quarters"]
+        out += ["", f"On the target's own output: {own[0]['new_tokens']} greedy tokens after each of {own[0]['n_books']} "
+                f"held-out prompts of {_ctx(own[0]['ctx'])} tokens; share of those tokens each drafter predicts "
+                "(teacher-forced on the target's output; mean ± std over seeds). AR's distinct-token share by "
+                f"quarter: {' / '.join(f'{x:.2f}' for x in q)}.", "",
+                "| drafter | view | agreement | by quarter |", "|---|---|---|---|"]
+        for r in own:
+            out.append(f"| {r['drafter']} | {r['view']} | {_pm(r['acc'], r['acc_std'])} | "
+                       + " / ".join(f"{x:.3f}" for x in r["quarters"]) + " |")
     if results["engine"]:
         out += ["", f"Real greedy decoding ({args.new_tokens} new tokens, first seed of each group, B={args.engine_budget}, "
                 f"{args.engine_repeats} run(s) per prompt; ± over prompts and repeats; every run token-identical to AR; "
@@ -315,7 +381,7 @@ def markdown(results: dict, args) -> str:
                 out.append(f"{head} {r['drafter']} | {r['k']} | {r['alpha']:.2f} | {r['tau']:.2f} | "
                            f"{r['gamma']:.3f} | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | "
                            f"{_pm(r['speedup'], r['speedup_std'], '.2f')} |")
-    return "\n".join(out)
+    return "\n".join(out).replace("\n\n\n", "\n\n")
 
 
 def plot(results: dict, path: Path, args) -> None:

@@ -93,6 +93,7 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
                      "--books", "2", "--ks", "2", "4", "--n-layers", "1", "--engine-ctx", "300",
                      "--engine-drafters", "tiny", "self", "--engine-budget", "80", "--engine-ks", "2", "3",
                      "--engine-repeats", "1", "--engine-books", "2", "--new-tokens", "8", "--threads", "1",
+                     "--own-ctx", "200", "--own-tokens", "8", "--lookup-ngrams", "1",
                      "--write", str(md), "--plot", str(tmp_path / "fig1.png"), "--out", str(tmp_path / "r.json")])
     assert res["groups"]["tiny"] == [str(tmp_path / "d_s1"), str(tmp_path / "d_s2")]
     cell = {(r["drafter"], r["budget"]): r for r in res["rows"]}
@@ -113,7 +114,13 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
     assert {(r["drafter"], r["k"]) for r in eng} == {("tiny", 2), ("tiny", 3), ("self", 2), ("self", 3)}
     assert all(r["same_as_ar"] and r["speedup"] > 0 and r["n_prompts"] == 2 for r in eng)
     assert 0 < res["engine"][0]["ar_distinct"] <= 1
+    # on the target's own output, the target itself predicts every token; a random drafter does not
+    own = {(r["drafter"], r["view"]): r for r in res["own"]}
+    assert own[("self", "full")]["acc"] == 1.0 and own[("self", "full")]["quarters"] == [1.0] * 4
+    assert own[("tiny", "full")]["acc"] < 1.0 and own[("tiny", "full")]["n_seeds"] == 2
+    assert 0 <= own[("lookup n=1", "-")]["acc"] <= 1 and len(own[("lookup n=1", "-")]["ar_distinct_quarters"]) == 4
     text = md.read_text()
+    assert "On the target's own output" in text and "| lookup n=1 | - |" in text
     assert "<!-- bench:fig1 -->" in text and "| 0k | tiny |" not in text and "| tiny |" in text
     assert (tmp_path / "fig1.png").stat().st_size > 1000 and json.loads((tmp_path / "r.json").read_text())["rows"]
 

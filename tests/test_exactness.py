@@ -64,6 +64,17 @@ def test_lookup_drafts_are_accepted_and_exact():
     assert sum(a > 0 for a in accepted.values()) >= 2, accepted
 
 
+def test_lookup_rounds_do_not_train_the_controller():
+    """The entropy controller learns acceptance-vs-entropy and the draft cost of the drafter it
+    sizes; a copied draft has neither, so only the fallback's rounds reach it."""
+    target, prompt = tiny_lm("llama"), random_prompt(120, seed=0)
+    controller = EntropyController(candidates=(2, 4))
+    drafter = LookupDrafter(1, SelfDrafter(StreamingView(budget=24, k_sink=4)))
+    res = SpeculativeEngine(target, drafter, controller).generate(prompt, 40)
+    assert res.extra["lookup_rounds"] > 0 and res.extra["fallback_rounds"] > 0
+    assert len(controller.chosen) == res.extra["fallback_rounds"] < len(res.rounds)
+
+
 def test_lookup_drafts_what_followed_the_latest_earlier_ngram():
     two, one = LookupDrafter(2), LookupDrafter(1)
     assert two.lookup([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]

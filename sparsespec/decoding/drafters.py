@@ -36,6 +36,9 @@ class Proposal:
     entropies: list[float]
     steps: int  # drafter forward passes
     seconds: float = 0.0
+    # False when the controller did not size this draft (prompt lookup): it must not learn from
+    # the round (its entropies and cost describe the drafter it steers, not a copy)
+    controlled: bool = True
 
 
 @dataclass
@@ -204,7 +207,7 @@ class LookupDrafter:
             self.looked_up += 1
         vocab = state.target.vocab_size
         q = None if sampling.greedy or not out else torch.nn.functional.one_hot(torch.tensor(out), vocab).float()
-        return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0)
+        return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0, controlled=False)
 
     def accepted(self, state: DecodeState, n_accepted: int) -> None:
         if self.fallback:

@@ -186,5 +186,6 @@ class SpeculativeEngine:
             res.drafted += len(draft)
             res.accepted += n_acc
             res.rounds.append((len(draft), n_acc))
-            self.controller.observe(RoundStats(len(draft), n_acc, proposal.entropies, proposal.seconds, verify_s))
+            if proposal.controlled:
+                self.controller.observe(RoundStats(len(draft), n_acc, proposal.entropies, proposal.seconds, verify_s))
         return nxt
