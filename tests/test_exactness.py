@@ -73,6 +73,9 @@ def test_lookup_rounds_do_not_train_the_controller():
     res = SpeculativeEngine(target, drafter, controller).generate(prompt, 40)
     assert res.extra["lookup_rounds"] > 0 and res.extra["fallback_rounds"] > 0
     assert len(controller.chosen) == res.extra["fallback_rounds"] < len(res.rounds)
+    # a copy is capped at the lookup's own k, not at the controller's largest candidate
+    capped = SpeculativeEngine(target, LookupDrafter(1, k=3), EntropyController(candidates=(2, 8))).generate(prompt, 40)
+    assert capped.output_ids == res.output_ids and max(d for d, _ in capped.rounds) == 3
 
 
 def test_lookup_drafts_what_followed_the_latest_earlier_ngram():

@@ -66,8 +66,7 @@ def no_model_load(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ovr", [f"method={m}" for m in ("ar", "sd", "sd_sparse", "budgetdraft", "magicdec",
-                                                           "snapkv_self", "sparsespec_l")]
+@pytest.mark.parametrize("ovr", [f"method={p.stem}" for p in sorted((ROOT / "conf/method").glob("*.yaml"))]
                          + [f"dataset={d}" for d in ("pg19", "text", "ruler", "longbench", "longbench_v2",
                                                      "infinitebench")] + ["logger=wandb"])
 def test_shipped_evaluate_configs_validate(ovr):
@@ -84,6 +83,8 @@ EVAL_BAD = [
     (["method=ar", "method.k=-1"], "method.k", "positive"),
     (["method.window=0"], "method.window", ">= 1"),
     (["method.refresh_every=0"], "method.refresh_every", ">= 1"),
+    (["method.lookup=-2"], "method.lookup", ">= 0"),
+    (["method=lookup", "method.lookup=0"], "method.lookup", ">= 1 for drafter=lookup"),
     (["method.controller=greedy"], "method.controller", "fixed, entropy"),
     (["method.view=sliding"], "method.view", "full, streaming, snapkv, recall"),
     (["method.beta=1.0"], "method.beta", "[0, 1)"),
@@ -151,6 +152,8 @@ TRAIN_BAD = [
     (["budget.ratios=[0.25,1.5]"], "budget.ratios", "(0, 1]"),
     (["budget.mode=sometimes"], "budget.mode", "multi, single or full"),
     (["teacher.dtype=fp8"], "teacher.dtype", "float32, bfloat16, float16"),
+    (["teacher.on_policy_tokens=64"], "teacher.on_policy_tokens", "fewer than data.seq_len=64"),
+    (["teacher.on_policy_tokens=-1"], "teacher.on_policy_tokens", ">= 0"),
     (["model.dtype=half"], "model.dtype", "float32, bfloat16, float16"),
     (["drafter.kind=big"], "drafter.kind", "truncated, small"),
     (["drafter.n_layers=0"], "drafter.n_layers", "> 0"),

@@ -33,7 +33,7 @@ class MethodConfig:
     _target_: str = "sparsespec.eval.methods.Method"
     name: str = MISSING
     drafter: str = "none"  # none (AR) | self (target drafts for itself) | model (small drafter) | lookup
-    lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off)
+    lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off); copies <= k
     view: str = "full"  # which cached positions the drafter attends to
     controller: str = "fixed"
     k: int = 4  # fixed draft length
@@ -151,5 +151,5 @@ class Method(MethodConfig):
                 raise MethodConfigError(f"method {self.name} needs a drafter model: pass drafter.path=DIR")
             drafter = ModelDrafter(drafter_model, self.make_view(), prefill_chunk)
         if self.lookup:
-            drafter = LookupDrafter(self.lookup, fallback=drafter)
+            drafter = LookupDrafter(self.lookup, fallback=drafter, k=self.k)  # copies up to method.k tokens
         return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk)
