@@ -60,6 +60,7 @@ def test_lookup_drafts_are_accepted_and_exact():
         ar = SpeculativeEngine(target).generate(prompt, 40)
         res = SpeculativeEngine(target, LookupDrafter(1), FixedK(5)).generate(prompt, 40)
         assert res.output_ids == ar.output_ids, family
+        assert res.draft_steps == 0 and res.gamma == 0.0  # a copy runs no model: no draft cost ratio
         accepted[family] = res.accepted
     assert sum(a > 0 for a in accepted.values()) >= 2, accepted
 

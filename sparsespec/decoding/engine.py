@@ -55,8 +55,11 @@ class GenerationResult:
 
     @property
     def gamma(self) -> float:
-        """Relative drafting cost: mean draft step time / mean verification pass time."""
-        return (self.draft_s / max(self.draft_steps, 1)) / (self.verify_s / max(self.verify_steps, 1))
+        """Relative drafting cost: mean draft step time / mean verification pass time (0 when no
+        drafter forward ran, as with prompt lookup alone: a copy is not a model step)."""
+        if not self.draft_steps:
+            return 0.0
+        return (self.draft_s / self.draft_steps) / (self.verify_s / max(self.verify_steps, 1))
 
     @property
     def acceptance_rate(self) -> float | None:
