@@ -228,10 +228,10 @@ def own_output_rows(target, tok, models, args) -> list[dict]:
         distinct.append(distinct_by_part(out, 4))
         for label, seeds in models.items():
             for b in (None, args.engine_budget):
-                per.setdefault((label, str(b or "full")), [[] for _ in seeds])
+                books = per.setdefault((label, str(b or "full")), [[] for _ in seeds])
                 for si, model in enumerate(seeds):  # the drafter at position ctx-1+j predicts out[j]
                     pred = drafter_greedy(model, seq[:-1], n, view_for(b))
-                    per[(label, str(b or "full"))][si].append((pred == gold).float())
+                    books[si].append((pred == gold).float())
         for g in args.lookup_ngrams:
             d = LookupDrafter(g)
             hit = torch.tensor([float(d.lookup(seq[: ctx + j], 1) == [out[j]]) for j in range(n)])
@@ -249,6 +249,14 @@ def own_output_rows(target, tok, models, args) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def load_models(args, groups: dict[str, list[str]], ctx: int):
+    """The target and every group's drafters, loaded for `ctx` positions (YaRN past 8k)."""
+    tgt = load_model(args.model, ctx=ctx)
+    models = {label: [truncated(tgt.model, args.n_layers).eval() if d == "untrained" else load_model(d, ctx=ctx).model
+                      for d in dirs] for label, dirs in groups.items()}
+    return tgt, models
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -289,17 +297,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.own_ctx is not None and args.own_tokens % 4:
         raise SystemExit(f"--own-tokens {args.own_tokens}: must be a multiple of 4 (the table has quarters)")
     if args.own_ctx is not None:
-        tgt = load_model(args.model, ctx=args.own_ctx + args.own_tokens + 64)
-        models = {label: [truncated(tgt.model, args.n_layers).eval() if d == "untrained" else
-                          load_model(d, ctx=args.own_ctx + args.own_tokens + 64).model for d in dirs]
-                  for label, dirs in groups.items()}
+        tgt, models = load_models(args, groups, args.own_ctx + args.own_tokens + 64)
         results["own"] = own_output_rows(tgt.model, tgt.tokenizer, models, args)
         del models, tgt
     for ctx in sorted(set(args.ctx) | set(args.engine_ctx)):
         need = ctx + (args.new_tokens + 64 if ctx in args.engine_ctx else 0)
-        tgt = load_model(args.model, ctx=need)
-        models = {label: [truncated(tgt.model, args.n_layers).eval() if d == "untrained" else
-                          load_model(d, ctx=need).model for d in dirs] for label, dirs in groups.items()}
+        tgt, models = load_models(args, groups, need)
         if ctx in args.ctx:
             results["rows"] += figure1_rows(tgt.model, tgt.tokenizer, groups, models, args, ctx)
         if ctx in args.engine_ctx:
@@ -329,9 +332,9 @@ def markdown(results: dict, args) -> str:
     rows = results["rows"]
     labels = list(results["groups"])
     seeds = ", ".join(f"{lab}: {len(d)}" for lab, d in results["groups"].items())
-    out = [f"Command: `{results['command']}`", ""]
+    out = [f"Command: `{results['command']}`"]
     if rows:
-        out += [f"Seeds per drafter group: {seeds}. Cells: mean ± std over seeds of the mean over {args.books} "
+        out += ["", f"Seeds per drafter group: {seeds}. Cells: mean ± std over seeds of the mean over {args.books} "
                 f"held-out books; {args.positions} scored positions per window.", ""]
         budgets = ["full", *map(str, args.budgets)]
         ctxs = sorted({r["ctx"] for r in rows})
@@ -381,7 +384,7 @@ def markdown(results: dict, args) -> str:
                 out.append(f"{head} {r['drafter']} | {r['k']} | {r['alpha']:.2f} | {r['tau']:.2f} | "
                            f"{r['gamma']:.3f} | {_pm(r['tok_s'], r['tok_s_std'], '.2f')} | "
                            f"{_pm(r['speedup'], r['speedup_std'], '.2f')} |")
-    return "\n".join(out).replace("\n\n\n", "\n\n")
+    return "\n".join(out)
 
 
 def plot(results: dict, path: Path, args) -> None:

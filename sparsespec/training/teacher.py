@@ -96,13 +96,14 @@ class Teacher:
         from sparsespec.models.loading import cache_kwargs
 
         cache = DynamicCache()
-        hidden = self.model.model(input_ids=prompts, **cache_kwargs(self.model.model, cache)).last_hidden_state
+        with_cache = cache_kwargs(self.model, cache)  # the base model and the LM take the same keyword
+        hidden = self.model.model(input_ids=prompts, **with_cache).last_hidden_state
         head = self.model.get_output_embeddings()
         rows = [self._targets(head(hidden[i : i + 1])) for i in range(prompts.shape[0])]
         parts = [{k: torch.cat([r[k] for r in rows]) for k in rows[0]}]
         tokens = [prompts, parts[0]["targets"][:, -1:].long()]
         for step in range(self.on_policy_tokens):
-            logits = self.model(input_ids=tokens[-1], **cache_kwargs(self.model, cache)).logits
+            logits = self.model(input_ids=tokens[-1], **with_cache).logits
             parts.append(self._targets(logits))
             if step + 1 < self.on_policy_tokens:  # the last target is kept, its token is not appended
                 tokens.append(parts[-1]["targets"].long())
