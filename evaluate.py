@@ -9,6 +9,7 @@ out_dir is logged to W&B by sparsespec.tracking.log_evaluation.
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 
 import hydra
@@ -40,8 +41,9 @@ def method_configs(cfg: DictConfig) -> list[DictConfig]:
 def main(cfg: DictConfig) -> None:
     from sparsespec.eval.harness import EvaluationError, run_evaluation
 
+    command = " ".join(["python evaluate.py", *(shlex.quote(o) for o in HydraConfig.get().overrides.task)])
     try:
-        out_dir = run_evaluation(cfg, method_configs(cfg))
+        out_dir = run_evaluation(cfg, method_configs(cfg), command=command)
     except EvaluationError as e:
         log.error("%s", e)
         sys.exit(2)

@@ -4,7 +4,7 @@ project's methods, in one process, on the same prompts.
     python scripts/bench.py --ctx 4k,8k,16k,32k --new-tokens 128 --repeats 3 --write docs/benchmarks.md
 
 Protocol (docs/benchmarks.md repeats it next to the numbers):
-- prompts: windows of `--ctx` tokens from PG-19 books (../shared/data/pg19 by default);
+- prompts: windows of `--ctx` tokens from PG-19 books (the six shipped with the package by default);
 - our methods: the target cache is prefilled once per prompt (all but the last 64 tokens) and
   reused, so a run times its decoding only: decode tok/s = (new_tokens - 1) / wall_s;
 - HF `generate()`: given the same prefilled cache as a DynamicCache (it runs the last 64 prompt
@@ -37,10 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import parse_ctx  # noqa: E402
-from sparsespec.eval.summary import distinct_by_part  # noqa: E402
+from sparsespec.eval.tables import HF_METHODS, bench_markdown, bench_plot  # noqa: E402
 
 log = logging.getLogger("bench")
-HF_METHODS = ("hf", "hf_assisted", "hf_lookup")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--drafter-path", default=None,
                    help="drafter for sd / budgetdraft / hf_assisted (default: latest train.py export)")
-    p.add_argument("--data", default=str(ROOT.parent / "shared/data/pg19/test.jsonl"))
+    p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
     p.add_argument("--split", default="test", choices=("test", "train", "eval"),
                    help="PG-19 books: test = all, eval = the 2 held out from drafter training (use it when a "
                         "trained drafter runs: its training windows start where these prompts do)")
@@ -291,12 +290,12 @@ def main(argv=None) -> dict:
 
 def publish(report: dict, args) -> None:
     """The report's markdown on stdout, and in --write's section and --plot's PNG when asked."""
-    table = to_markdown(report)
+    table = bench_markdown(report)
     print(table)
     if args.write:
         write_section(Path(args.write), args.name, table)
     if args.plot:
-        plot_rows(report["rows"], Path(args.plot))
+        bench_plot(report, Path(args.plot))
 
 
 def render(path: Path, args) -> dict:
@@ -354,36 +353,6 @@ class Checkpoint:
             self.path.unlink(missing_ok=True)
 
 
-def plot_rows(rows: list[dict], path: Path) -> None:
-    """Decode tokens/s vs context per method (mean over samples, error bar = repeat std)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
-        pts = sorted({r["ctx"] for r in rows if r["method"] == method})
-        ys = [statistics.fmean(r["tok_s"] for r in rows if r["method"] == method and r["ctx"] == c) for c in pts]
-        es = [statistics.fmean(r["tok_s_std"] for r in rows if r["method"] == method and r["ctx"] == c) for c in pts]
-        ax.errorbar(pts, ys, yerr=es, marker="o", ls="--" if method.startswith("hf") else "-", label=method,
-                    color=f"C{i % 10}")
-    floors = sorted({(r["ctx"], r["floor_tok_s"]) for r in rows})
-    ax.plot([c for c, _ in floors], [f for _, f in floors], color="grey", lw=3, alpha=0.4, label="bandwidth floor (AR)")
-    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode tokens/s")
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xticks(sorted({r["ctx"] for r in rows}), [_ctx_label(c) for c in sorted({r["ctx"] for r in rows})])
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ticks = [t for t in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-             if min(r["tok_s"] for r in rows) / 1.5 <= t <= max(r["floor_tok_s"] for r in rows) * 1.5]
-    ax.set_yticks(ticks, [str(t) for t in ticks])
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _compare(rows: list[dict]) -> None:
     """Ratios against HF generate and our ar, and greedy identity, per (ctx, sample)."""
     for row in rows:
@@ -391,90 +360,6 @@ def _compare(rows: list[dict]) -> None:
         for ref, key in (("hf", "vs_hf"), ("ar", "vs_ar")):
             row[key] = row["tok_s"] / peers[ref]["tok_s"] if ref in peers else None
             row[f"identical_{ref}"] = row["output_ids"] == peers[ref]["output_ids"] if ref in peers else None
-
-
-def _ctx_label(ctx: int) -> str:
-    return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
-
-
-def _fmt(v, spec="{:.2f}") -> str:
-    return "—" if v is None else spec.format(v)
-
-
-def _spread(rows: list[dict], key: str) -> str:
-    return _mean_std([r.get(key) for r in rows])
-
-
-def _mean_std(values: list) -> str:
-    """'mean ± sample std' of the values that are not None; '—' if there are none."""
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return "—"
-    return f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals) if len(vals) > 1 else 0.0:.2f}"
-
-
-def to_markdown(report: dict) -> str:
-    lines = [f"Command: `{report['command']}`", "",
-             f"Read bandwidth {report['bandwidth_gbs']:.1f} GB/s; weights {report['weight_bytes'] / 1e6:.0f} MB.", "",
-             "| ctx | method | decode tok/s | × HF generate | × our ar | floor tok/s | ar / floor | α | τ | γ | k | "
-             "index share | same as ar | same as HF | prefill s (ours / HF) | peak RSS GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for ctx in sorted({r["ctx"] for r in report["rows"]}):
-        group = [r for r in report["rows"] if r["ctx"] == ctx]
-        for method in dict.fromkeys(r["method"] for r in group):
-            rs = [r for r in group if r["method"] == method]
-
-            def mean(key, rs=rs):
-                vals = [r[key] for r in rs if r.get(key) is not None]
-                return statistics.fmean(vals) if vals else None
-
-            tok = mean("tok_s")
-            std = statistics.fmean([r["tok_s_std"] for r in rs])
-            same = lambda ref, rs=rs: None if rs[0][f"identical_{ref}"] is None else (  # noqa: E731
-                "yes" if all(r[f"identical_{ref}"] for r in rs) else "NO")
-            lines.append(
-                f"| {_ctx_label(ctx)} | {method} | {tok:.2f} ± {std:.2f} | {_fmt(mean('vs_hf'))} | {_fmt(mean('vs_ar'))} | "
-                f"{mean('floor_tok_s'):.1f} | {_fmt(mean('floor_tok_s') / tok if method == 'ar' else None)} | "
-                f"{_fmt(mean('acceptance'))} | {_fmt(mean('tau'))} | {_fmt(mean('gamma'), '{:.3f}')} | "
-                f"{_fmt(mean('k_mean'), '{:.1f}')} | {_fmt(mean('index_share'), '{:.1%}')} | {same('ar') or '—'} | "
-                f"{same('hf') or '—'} | {mean('prefill_s'):.1f} / {_fmt(mean('hf_prefill_s'), '{:.1f}')} | "
-                f"{max(r['peak_rss_gb'] for r in rs):.1f} |")
-    keys = list(dict.fromkeys((r["ctx"], r["method"]) for r in report["rows"]))
-    by_key = {key: [r for r in report["rows"] if (r["ctx"], r["method"]) == key] for key in keys}
-    if any(len(rs) > 1 for rs in by_key.values()):  # several samples: their spread, per sample ratios
-        lines += ["", "Spread over samples (mean ± std of each sample's own value; every ratio is against AR "
-                  "on the same sample):", "", "| ctx | method | samples | × our ar | α | τ |", "|---|---|---|---|---|---|"]
-        for (ctx, method), rs in by_key.items():
-            lines.append(f"| {_ctx_label(ctx)} | {method} | {len(rs)} | {_spread(rs, 'vs_ar')} | "
-                         f"{_spread(rs, 'acceptance')} | {_spread(rs, 'tau')} |")
-    quarters = [key for key in keys if any(r.get("acceptance_quarters") for r in by_key[key])]
-    if quarters:  # the referee's long-output objection: does acceptance decay as the output grows?
-        lines += ["", "Acceptance by quarter of the generated tokens (mean ± std over samples; a round counts "
-                  "in the quarter where its first token falls). The `ar` rows give the share of distinct tokens "
-                  "in each quarter of AR's own output: near 0.05 the greedy text is a loop, which any drafter "
-                  "predicts, so a high α there says nothing about long outputs of real text.", "",
-                  "| ctx | method | 1st | 2nd | 3rd | 4th |", "|---|---|---|---|---|---|"]
-        for ctx in dict.fromkeys(c for c, _ in quarters):
-            ar = [r["output_ids"] for r in by_key.get((ctx, "ar"), []) if r.get("output_ids")]
-            if ar:
-                shares = [distinct_by_part(ids, 4) for ids in ar]
-                cells = [_mean_std([d[i] for d in shares]) for i in range(4)]
-                lines.append(f"| {_ctx_label(ctx)} | ar (distinct-token share) | " + " | ".join(cells) + " |")
-            for method in [m for c, m in quarters if c == ctx]:
-                qs = [r["acceptance_quarters"] for r in by_key[(ctx, method)] if r.get("acceptance_quarters")]
-                cells = [_mean_std([q[i] for q in qs]) for i in range(4)]
-                lines.append(f"| {_ctx_label(ctx)} | {method} | " + " | ".join(cells) + " |")
-    prof = [key for key in keys if any(r.get("draft_ms") is not None for r in by_key[key])]
-    if prof:
-        lines += ["", "Where a round's time goes (ms per round, mean over samples): drafting all its tokens, the "
-                  "verification pass, the recall-index update, and the rest (sampling, bookkeeping, Python).", "",
-                  "| ctx | method | draft | verify | index update | other |", "|---|---|---|---|---|---|"]
-        for ctx, method in prof:
-            ms = {k: statistics.fmean(r[k] for r in by_key[(ctx, method)] if r.get(k) is not None)
-                  for k in ("draft_ms", "verify_ms", "index_ms", "other_ms")}
-            lines.append(f"| {_ctx_label(ctx)} | {method} | {ms['draft_ms']:.1f} | {ms['verify_ms']:.1f} | "
-                         f"{ms['index_ms']:.1f} | {ms['other_ms']:.1f} |")
-    return "\n".join(lines)
 
 
 def write_section(path: Path, name: str, body: str) -> None:

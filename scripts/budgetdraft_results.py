@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.engine_drafters = [d for d in args.engine_drafters if d in groups]
 
     results: dict = {"command": shlex.join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
-                     "groups": groups, "rows": [], "engine": [], "own": []}
+                     "args": vars(args), "groups": groups, "rows": [], "engine": [], "own": []}
     if args.own_ctx is not None and args.own_tokens % 4:
         raise SystemExit(f"--own-tokens {args.own_tokens}: must be a multiple of 4 (the table has quarters)")
     if args.own_ctx is not None:
@@ -308,10 +308,10 @@ def main(argv: list[str] | None = None) -> dict:
         if ctx in args.engine_ctx:
             results["engine"] += engine_rows(tgt.model, tgt.tokenizer, models, args, ctx)
         del models, tgt
-    results["markdown"] = markdown(results, args)
+    results["markdown"] = markdown(results)
     print(results["markdown"])
     if args.plot:
-        plot(results, Path(args.plot), args)
+        plot(results, Path(args.plot))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
@@ -328,7 +328,9 @@ def _pm(m: float, s: float, fmt: str = ".3f") -> str:
     return f"{m:{fmt}} ± {s:{fmt}}"
 
 
-def markdown(results: dict, args) -> str:
+def markdown(results: dict) -> str:
+    """The report's tables, from the saved results alone (scripts/docs.py rebuilds them)."""
+    args = argparse.Namespace(**results["args"])
     rows = results["rows"]
     labels = list(results["groups"])
     seeds = ", ".join(f"{lab}: {len(d)}" for lab, d in results["groups"].items())
@@ -387,7 +389,10 @@ def markdown(results: dict, args) -> str:
     return "\n".join(out)
 
 
-def plot(results: dict, path: Path, args) -> None:
+def plot(results: dict, path: Path) -> None:
+    from sparsespec.eval.tables import save_png
+
+    args = argparse.Namespace(**results["args"])
     import matplotlib
 
     matplotlib.use("Agg")
@@ -412,8 +417,7 @@ def plot(results: dict, path: Path, args) -> None:
     axes[-1].legend(fontsize=8)
     fig.suptitle("Drafter acceptance vs context and KV budget (held-out PG-19, mean ± std over seeds)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=1)
     p.add_argument("--model-path", default=None)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--data", default=str(bench.ROOT.parent / "shared/data/pg19/test.jsonl"))
+    p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="outputs/inversion", help="directory for inversion.png / .json")
     p.add_argument("--write", default=None, help="markdown file for the table (section 'inversion')")

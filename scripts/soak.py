@@ -26,6 +26,7 @@ import argparse
 import gc
 import json
 import logging
+import shlex
 import statistics
 import sys
 import threading
@@ -42,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 from sparsespec.config import check_method, parse_ctx, register_configs  # noqa: E402
 from sparsespec.decoding.sampling import Sampling  # noqa: E402
 from sparsespec.eval.harness import SharedPrefill  # noqa: E402
-from sparsespec.eval.summary import distinct_by_part  # noqa: E402
+from sparsespec.eval.summary import ctx_label, distinct_by_part  # noqa: E402
+from sparsespec.eval.tables import save_png  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 
@@ -163,7 +165,7 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
         compare.append({"method": other.name, "new_tokens": r.new_tokens, "tokens_per_s": round(r.tokens_per_s, 3),
                         "acceptance_rate": r.acceptance_rate, "mean_accepted_tokens": r.mean_accepted_tokens,
                         "acceptance_by_quarter": r.acceptance_by_part(4),
-                        "distinct_by_quarter": distinct_by_part(r.output_ids, 4),
+                        "distinct_by_quarter": distinct_by_part(r.output_ids, 4), "output_ids": r.output_ids,
                         # greedy: the first law says identical; sampling: the same distribution, not the same draw
                         "same_output": r.output_ids == res.output_ids if args.temperature == 0 else None})
     sampler.stop()
@@ -223,8 +225,32 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
+
+
+def markdown(report: dict) -> str:
+    """One row per ctx and method: speed against ar on the same prefill, acceptance overall and by
+    quarter, ar's distinct-token share by quarter, and the memory the run held (from soak.json)."""
+    q = lambda xs: " / ".join("—" if x is None else f"{x:.2f}" for x in xs) if xs else "—"  # noqa: E731
+    lines = ["| ctx | method | tok/s | × ar | α | α by quarter | distinct-token share by quarter | same as ar |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        entries = sorted([run, *run["compare"]], key=lambda e: e["method"] != "ar")
+        ar = entries[0] if entries[0]["method"] == "ar" else None
+        greedy = report["args"].get("temperature", 0.0) == 0
+        for e in entries:
+            ratio = "—" if ar is None else f"{e['tokens_per_s'] / ar['tokens_per_s']:.2f}"
+            alpha = "—" if e.get("acceptance_rate") is None else f"{e['acceptance_rate']:.2f}"
+            same = "—" if ar is None or e is ar or not greedy else "yes" if e["output_ids"] == ar["output_ids"] else "NO"
+            lines.append(f"| {ctx_label(run['ctx'])} | {e['method']} | {e['tokens_per_s']:.2f} | {ratio} | {alpha} | "
+                         f"{q(e.get('acceptance_by_quarter'))} | {q(e.get('distinct_by_quarter'))} | {same} |")
+    lines += ["", "| ctx | prefill s | peak RSS GiB | RSS at decode start → end (MiB) | bounded |", "|---|---|---|---|---|"]
+    for run in report["runs"]:
+        lines.append(f"| {ctx_label(run['ctx'])} | {run['prefill_s']:.0f} | {run['rss_peak_mib'] / 1024:.2f} | "
+                     f"{run['rss_decode_start_mib']:.0f} → {run['rss_decode_end_mib']:.0f} "
+                     f"({run['decode_growth_mib']:+.0f}) | {'yes' if run['bounded'] else 'NO'} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -260,7 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
     text = source_text(args.text)
     t0 = time.perf_counter()
     runs = []
-    report = {"args": vars(args), "runs": runs}
+    report = {"args": vars(args), "runs": runs,
+              "command": shlex.join(["python", "scripts/soak.py", *(sys.argv[1:] if argv is None else argv)])}
     for ctx in ctxs:
         runs.append(soak_one(args, ctx, text, t0))
         r = runs[-1]

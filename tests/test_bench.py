@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench  # noqa: E402
 
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
+from sparsespec.eval.tables import bench_markdown  # noqa: E402
 
 
 def _save(d: Path, tok, layers: int, seed: int) -> Path:
@@ -134,9 +135,14 @@ def test_bench_markdown_reports_the_spread_over_samples():
                 **({"draft_ms": 10.0 * sample, "verify_ms": 5.0, "index_ms": 1.0, "other_ms": 0.1} if acc else {})}
     rows = [row(s, "ar", 20.0, 1.0, None) for s in (1, 2)] + [row(1, "magicdec", 24.0, 1.2, 0.8),
                                                             row(2, "magicdec", 16.0, 0.8, 0.6)]
-    text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
+    text = bench_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
     assert "| 4k | magicdec | 2 | 1.00 ± 0.28 | 0.70 ± 0.14 | 3.10 ± 0.42 |" in text  # sample std, not repeats'
     assert "| 4k | magicdec | 15.0 | 5.0 | 1.0 | 0.1 |" in text and "| 4k | magicdec | 10.0 |" not in text  # one row, not one per sample
+    # one timed run per sample: its tokens/s carry no "± 0.00"; the ratio's spread is over the samples
+    assert "| 4k | magicdec | 20.00 | — | 1.00 ± 0.28 | 0.70 ± 0.14 |" in text and "± 0.00" not in text.split("Spread")[0]
+    repeated = bench_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows,
+                               "args": {"repeats": 3}})
+    assert "| 4k | magicdec | 20.00 ± 0.00 |" in repeated and "timed runs each" in repeated
 
 
 def _books(tmp_path: Path, n: int) -> Path:
@@ -188,7 +194,7 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
     md = tmp_path / "b.md"
     rerendered = bench.main(["--render", str(out), "--write", str(md), "--name", "r"])  # runs nothing
     assert rerendered["rows"] == json.loads(out.read_text())["rows"]
-    assert bench.to_markdown(json.loads(out.read_text())) in md.read_text()
+    assert bench_markdown(json.loads(out.read_text())) in md.read_text()
     with pytest.raises(SystemExit, match="--render"):
         bench.main(["--render", str(tmp_path / "missing.json")])
 
@@ -215,7 +221,7 @@ def test_bench_markdown_reports_acceptance_by_quarter():
     rows += [{**rows[0], "sample": s, "method": "ar", "acceptance": None, "tau": None, "gamma": None,
               "acceptance_quarters": None, "output_ids": ids} for s, ids in ((1, [1, 2, 3, 4, 5, 5, 5, 5]),
                                                                            (2, [1, 2, 3, 3, 4, 5, 6, 7]))]
-    text = bench.to_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
-    assert "| 64k | sparsespec_l | 0.70 ± 0.14 | 0.70 ± 0.00 | 0.80 ± 0.00 | 0.90 ± 0.00 |" in text
+    text = bench_markdown({"command": "x", "bandwidth_gbs": 30.0, "weight_bytes": 5e8, "rows": rows})
+    assert "| 64k | sparsespec_l | 0.70 ± 0.14 | 0.70 ± 0.00 | 0.80 | 0.90 ± 0.00 |" in text  # one value: no ±
     assert "| 64k | ar (distinct-token share) | 1.00 ± 0.00 | 0.75 ± 0.35 | 0.75 ± 0.35 | 0.75 ± 0.35 |" in text
     assert distinct_by_part([1, 2, 3, 4, 5, 5, 5, 5, 5], 4) == [1.0, 1.0, 0.5, 1 / 3]  # the rest joins the last

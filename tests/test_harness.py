@@ -1,6 +1,6 @@
 """The evaluation harness end to end: evaluate.py on a tiny random Llama saved with its tokenizer.
 
-The output contract of DESIGN.md, several methods in one run (token-identical to ar), bad input
+The output contract (docs/architecture.md), several methods in one run (token-identical to ar), bad input
 (non-zero exit, a message naming the key, no results file), resume (skips finished pairs, repairs a
 torn line, survives a real SIGKILL), the ctx forms, and the report rebuilt by scripts/report.py.
 evaluate.py runs in a subprocess only where the entry point itself is under test; everything else
@@ -176,9 +176,46 @@ def test_evaluate_method_list_output_contract(env, tmp_path):
         assert word in md
     assert "| sparsespec_l | text | 192 | 2 |" in md
     assert "magicdec" in proc.stdout and "results.jsonl" in proc.stdout  # the table is printed
+    # sentences made from the numbers, printed and in summary.md; the controller's calibration too
+    for method in ("magicdec", "sparsespec_l"):
+        sentence = next(line for line in md.splitlines() if line.startswith(f"On text at 192 context (2 samples), {method}"))
+        assert "ms verifying with the full cache" in sentence and "token-identical to ar's on every sample" in sentence
+        assert sentence in proc.stdout
+    assert "ms updating its recall index" in md and "predicted α | observed α" in md
+    assert "| sparsespec_l | text | 192 |" in md.split("predicted α")[1]
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == PNG, name
     assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
+    # the command that made the results, kept beside them (tables built from them cite it)
+    command = (out / "command.txt").read_text().splitlines()
+    assert command == ["python evaluate.py " + " ".join(base_overrides(env, out, "'method=[ar,magicdec,sparsespec_l]'",
+                                                                         "limit=2"))]
+
+
+def _headline_row(method: str, sample: str, wall: float, out: list[int], **extra) -> dict:
+    return {"sample_id": sample, "dataset": "pg19", "task": None, "ctx": 4096, "method": method, "new_tokens": 100,
+            "wall_s": wall, "prompt_tokens": 4096, "output_ids": out, **extra}
+
+
+def test_headline_sentences_follow_the_numbers():
+    from sparsespec.eval.summary import calibration_table, headline
+
+    spec = {"k_mean": 4.0, "acceptance_rate": 0.75, "mean_accepted_tokens": 4.0, "draft_s": 2.0, "verify_s": 1.0,
+            "overhead_s": 0.5, "engine_index_update_s": 0.5, "verify_steps": 25, "budget_tokens": 410}
+    rows = [_headline_row("ar", "a", 10.0, [1, 2]), _headline_row("fast", "a", 5.0, [1, 2], speedup=2.0, exact_match_ar=True, **spec),
+            _headline_row("slow", "a", 20.0, [1, 3], speedup=0.5, exact_match_ar=False, **spec)]
+    fast, slow = headline(rows)
+    assert fast.startswith("On pg19 at 4k context (1 sample), fast decoded 20.0 tokens/s against ar's 10.0")
+    assert "2.00× ar, faster than ar" in fast and "sparse view of 410 of 4096 cached tokens" in fast
+    # per round: 2 s / 25 rounds drafting, 1 s verifying, 0.5 s index (the whole overhead)
+    assert "80 ms drafting, 40 ms verifying with the full cache and 20 ms updating its recall index" in fast
+    assert "a token cost 50 ms against ar's 100 ms" in fast and "token-identical to ar's." in fast
+    assert "0.50× ar, slower than ar" in slow and "differed from ar's on 1 of 1 samples" in slow
+    assert headline([_headline_row("ar", "a", 10.0, [1])]) == []
+    assert calibration_table(rows) == ""
+    rows[1]["engine_calibration"] = {"predicted": 0.8, "observed": 0.6, "n": 10}
+    rows[1]["engine_prefix_acceptance"] = {"1": {"observed": 0.7, "predicted": 0.9, "n": 5}}
+    assert "| fast | pg19 | 4k | 10 | 0.80 | 0.60 | 0.70 vs 0.90 / — / — / — |" in calibration_table(rows)
 
 
 def test_ar_runs_first_so_every_row_gets_its_speedup():
@@ -335,7 +372,7 @@ def test_rerun_after_sigkill_has_no_duplicate_and_no_missing_row(env, tmp_path):
 
 def test_ctx_label_and_integer_both_compose_and_run(env, tmp_path):
     # ctx stays a plain key: with a config group named ctx, Hydra rejects `ctx=5000` ("Config group
-    # override must be a string or a list. Got int"), which DESIGN.md's contract and sweeps need.
+    # override must be a string or a list. Got int"), which the output contract and sweeps need.
     assert not (CONF / "ctx").exists()
     with initialize_config_dir(str(CONF), version_base="1.3"):
         assert [parse_ctx(compose("evaluate", overrides=[f"ctx={v}"]).ctx) for v in ("64k", "5000", "1k", "128k")] == \

@@ -487,3 +487,7 @@ def test_soak_script_smoke(env, tmp_path):
     quarters = [q for q in run["acceptance_by_quarter"] if q is not None]
     assert len(run["acceptance_by_quarter"]) == 4 and quarters and all(0 <= q <= 1 for q in quarters)
     assert len(run["output_ids"]) == 24 and len(run["distinct_by_quarter"]) == 4
+    # its table, as docs are rebuilt from soak.json: every method against ar, and the memory it held
+    md = soak.markdown(data)
+    assert "| 256 | ar | " in md and "| 256 | sparsespec_l | " in md and md.count("| yes |") >= 3
+    assert data["command"].startswith("python scripts/soak.py --model-path")

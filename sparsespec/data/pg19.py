@@ -2,8 +2,8 @@
 
 Sources, in order: ``dataset.path`` (a jsonl/json/parquet file, a directory of them, or a hub id
 such as ``emozilla/pg19``; ``deepmind/pg19`` still needs a loading script, which ``datasets`` >= 4
-no longer runs), the environment variable ``SPARSESPEC_PG19``, then the six public-domain books
-shipped with the project in ``../shared/data/pg19/test.jsonl`` (relative to the repository root).
+no longer runs), the environment variable ``SPARSESPEC_PG19``, then the six public-domain Project
+Gutenberg books shipped inside the package (``sparsespec/data/pg19_books.jsonl.xz``, PG-19's schema).
 
 Each book gives one window of exactly ``ctx`` tokens starting after the first 2% of the book's
 characters by default (``offset``), which skips the Project Gutenberg header and front matter
@@ -26,7 +26,7 @@ from sparsespec.data.continuation import check_offset
 from sparsespec.data.sources import Source, load_rows, resolve, row_error
 from sparsespec.data.text import continuation_samples, slug
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "../shared/data/pg19/test.jsonl"
+DEFAULT_PATH = Path(__file__).resolve().parent / "pg19_books.jsonl.xz"
 ENV_VAR = "SPARSESPEC_PG19"
 REQUIRED = ("short_book_title", "text")  # publication_date and url are kept in meta when present
 DEFAULT_OFFSET = 0.02
@@ -40,15 +40,17 @@ def default_path() -> str:
     env = os.environ.get(ENV_VAR)
     if env:
         return env
-    return str(DEFAULT_PATH.resolve())
+    return str(DEFAULT_PATH)
 
 
 def _source(path: str | None) -> Source:
     chosen = path if path is not None else default_path()
     if path is None and not Path(chosen).exists():
+        fix = f"unset {ENV_VAR} or point it at a PG-19-schema file" if os.environ.get(ENV_VAR) else (
+            "the shipped books are missing from this install: reinstall the package (pip install -e .)")
         raise DatasetError(
-            f"no PG-19 data: {chosen} does not exist; pass dataset.path=FILE_OR_DIR (or a hub id such as emozilla/pg19) "
-            f"or set {ENV_VAR}"
+            f"no PG-19 data: {chosen} does not exist; {fix}, or pass dataset.path=FILE_OR_DIR (or a hub id such as "
+            "emozilla/pg19)"
         )
     return resolve(chosen)
 

@@ -15,13 +15,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sparsespec.data.base import DatasetError
 
 log = logging.getLogger(__name__)
 
 _EXT_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Compressed JSON the datasets library reads as is (the shipped PG-19 books are .jsonl.xz).
+COMPRESSIONS = (".xz", ".gz", ".bz2")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -39,15 +41,27 @@ class Source:
         return ", ".join(str(f) for f in self.files) if len(self.files) <= 3 else f"{self.files[0].parent}/ ({len(self.files)} files)"
 
 
+def file_type(path: Path) -> tuple[str, str]:
+    """(stem, suffix) of a data file, a compression suffix included in neither: passkey.jsonl.xz ->
+    ("passkey", ".jsonl"). Only JSON may be compressed."""
+    name = path.name.lower()
+    stem, suffix = path.stem, path.suffix.lower()
+    if suffix in COMPRESSIONS and Path(name[: -len(suffix)]).suffix in (".jsonl", ".json"):
+        inner = Path(path.name[: -len(suffix)])
+        return inner.stem, inner.suffix.lower()
+    return stem, suffix
+
+
 def resolve(path: str | Path, suffixes: tuple[str, ...] = tuple(_EXT_BUILDER)) -> Source:
     """A local file or directory if ``path`` exists, a hub id if it looks like ``owner/name``."""
     p = Path(str(path)).expanduser()
     if p.is_file():
-        if p.suffix.lower() not in suffixes:
-            raise DatasetError(f"{p}: unsupported file type {p.suffix!r}; use one of {', '.join(suffixes)}")
+        if file_type(p)[1] not in suffixes:
+            raise DatasetError(f"{p}: unsupported file type {p.suffix!r}; use one of {', '.join(suffixes)} "
+                               f"(JSON may be compressed: {', '.join(COMPRESSIONS)})")
         return Source([p])
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in suffixes)
+        files = sorted(f for f in p.iterdir() if f.is_file() and file_type(f)[1] in suffixes)
         if not files:
             raise DatasetError(f"{p}: the directory holds no {'/'.join(suffixes)} file")
         return Source(files)
@@ -58,14 +72,14 @@ def resolve(path: str | Path, suffixes: tuple[str, ...] = tuple(_EXT_BUILDER)) -
 
 def pick_task_files(source: Source, task: str) -> Source:
     """In a directory of per-task files (LongBench's data/, InfiniteBench's), the file for ``task``."""
-    if source.hub_id or len(source.files) == 1 and source.files[0].stem == task:
+    if source.hub_id or len(source.files) == 1 and file_type(source.files[0])[0] == task:
         return source
-    chosen = [f for f in source.files if f.stem == task]
+    chosen = [f for f in source.files if file_type(f)[0] == task]
     if chosen:
         return Source(chosen)
     if len(source.files) == 1:
         return source  # one file holding several tasks: the loader filters rows by task
-    stems = sorted({f.stem for f in source.files})
+    stems = sorted({file_type(f)[0] for f in source.files})
     raise DatasetError(
         f"{source.files[0].parent}: no file for task {task!r} (expected {task}.jsonl); files there: {', '.join(stems)}"
     )
@@ -78,7 +92,7 @@ def check_utf8(path: Path) -> None:
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
-    with open(path, "rb") as fh:
+    with _open_bytes(path) as fh:
         while chunk := fh.read(1 << 20):
             try:
                 decoder.decode(chunk)
@@ -91,6 +105,16 @@ def check_utf8(path: Path) -> None:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             raise DatasetError(f"{path}: not valid UTF-8 (truncated sequence at the end); re-save it as UTF-8") from None
+
+
+def _open_bytes(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed when its name says it is compressed."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(path.suffix.lower(), open)
+    return opener(path, "rb")
 
 
 @contextlib.contextmanager
@@ -113,7 +137,7 @@ def _load_files(files: list[Path]) -> list[tuple[Path | None, Any]]:
     out: list[tuple[Path | None, Any]] = []
     by_builder: dict[str, list[Path]] = {}
     for f in files:
-        by_builder.setdefault(_EXT_BUILDER[f.suffix.lower()], []).append(f)
+        by_builder.setdefault(_EXT_BUILDER[file_type(f)[1]], []).append(f)
     for builder, group in by_builder.items():
         if builder == "json":
             for f in group:

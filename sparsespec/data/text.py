@@ -1,7 +1,8 @@
 """``dataset=text``: your own documents as continuation prompts.
 
 ``dataset.path`` is a ``.txt`` file (one document), a ``.jsonl``/``.json``/``.parquet`` file whose
-rows have a ``text`` field (PG-19's schema works), or a directory of such files. Each document
+rows have a ``text`` field (PG-19's schema works; JSON may be ``.xz``/``.gz``/``.bz2``-compressed), or a
+directory of such files. Without ``dataset.path`` the PG-19 books shipped in the package are used. Each document
 gives one window of exactly ``ctx`` tokens (see continuation.py); documents shorter than that are
 skipped with a logged reason, since a continuation prompt is defined by its length.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from sparsespec.data.base import DatasetError, Sample
 from sparsespec.data.continuation import check_offset, window
-from sparsespec.data.sources import Source, load_rows, resolve, row_error
+from sparsespec.data.sources import Source, file_type, load_rows, resolve, row_error
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,17 @@ def slug(s: str) -> str:
 def documents(path: str | None) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, text, meta) for every document under ``path``."""
     if path is None:
-        raise DatasetError("dataset=text needs dataset.path=FILE: a .txt file, or a .jsonl/.json/.parquet file with a 'text' field")
+        from sparsespec.data.pg19 import default_path
+
+        path = default_path()
+        log.info("dataset=text: no dataset.path, reading the shipped PG-19 books (%s); pass dataset.path=FILE "
+                 "for your own text", path)
     source = resolve(path, _SUFFIXES)
     if source.hub_id:
         raise DatasetError(f"dataset=text reads local files only; {path!r} does not exist (for a hub corpus use dataset=pg19 dataset.path={path})")
     docs: list[tuple[str, str, dict[str, Any]]] = []
-    txt = [f for f in source.files if f.suffix.lower() == ".txt"]
-    tables = [f for f in source.files if f.suffix.lower() != ".txt"]
+    txt = [f for f in source.files if file_type(f)[1] == ".txt"]
+    tables = [f for f in source.files if file_type(f)[1] != ".txt"]
     for f in txt:
         text = read_text_file(f)
         if not text.strip():
@@ -62,7 +67,7 @@ def documents(path: str | None) -> list[tuple[str, str, dict[str, Any]]]:
                 raise row_error(row, i, f"field 'text' is {type(text).__name__}, expected a string")
             if not text.strip():
                 raise row_error(row, i, "the document is empty (field 'text')")
-            stem = Path(row["__file__"]).stem
+            stem = file_type(Path(row["__file__"]))[0]
             name = row.get("short_book_title") or row.get("title") or f"{stem}_{i}"
             meta = {"file": row["__file__"], "row": i}
             for key in ("short_book_title", "publication_date", "url", "title"):

@@ -27,7 +27,7 @@ from sparsespec.config import parse_ctx
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method, MethodConfigError
 from sparsespec.eval.results import ResultsFile, read_rows, write_atomic
-from sparsespec.eval.summary import to_markdown, write_reports
+from sparsespec.eval.summary import headline, to_markdown, write_reports
 from sparsespec.models.runner import CausalLM
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,13 @@ def _validate(cfg: DictConfig, method_cfgs: list[DictConfig] | None) -> None:
         raise EvaluationError(str(e)) from e
 
 
-def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None) -> Path:
+COMMAND_FILE = "command.txt"  # the command line(s) that wrote out_dir, one per distinct invocation
+
+
+def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None, command: str | None = None) -> Path:
+    """Run every method on every sample and write out_dir's results and report. `command` (the
+    command line, as evaluate.py passes it) is kept in out_dir/command.txt, so a table built from
+    the results can say what made them."""
     from sparsespec.data import DatasetError, load_samples, score
     from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_model
 
@@ -194,6 +200,10 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "config.yaml", _config_yaml(cfg, out_dir))
     write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
+    if command:
+        known = (out_dir / COMMAND_FILE).read_text(encoding="utf-8").splitlines() if (out_dir / COMMAND_FILE).exists() else []
+        if command not in known:
+            write_atomic(out_dir / COMMAND_FILE, "".join(line + "\n" for line in [*known, command]))
     results = ResultsFile(out_dir / "results.jsonl")
     stop_ids = set(_eos_ids(tokenizer))
     eos = tuple(stop_ids) if cfg.gen.stop_at_eos else ()
@@ -238,6 +248,8 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None)
     bar.close()
     reports = write_reports(results.rows, out_dir)
     print(to_markdown(reports["summary"]))
+    for sentence in headline(results.rows):
+        print(sentence + "\n")
     print(f"results: {out_dir / 'results.jsonl'}")
     return out_dir
 

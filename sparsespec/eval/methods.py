@@ -1,4 +1,4 @@
-"""A method is a config that composes the engine's parts (DESIGN.md's method table).
+"""A method is a config that composes the engine's parts (docs/architecture.md's method table).
 
 conf/method/<name>.yaml instantiates `Method` (flat keys, so `method.k=8` or `method.ratio=0.05`
 mean the same for every method that has them); `build` wires drafter, KV view and controller.

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-# The output contract other tools read (DESIGN.md); extra keys may follow, these never change.
+# The output contract other tools read (docs/architecture.md); extra keys may follow, these never change.
 CONTRACT_FIELDS = (
     "sample_id", "dataset", "method", "ctx", "prompt_tokens", "new_tokens", "output_ids", "prefill_s",
     "wall_s", "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "draft_steps", "verify_steps",

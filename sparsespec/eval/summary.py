@@ -116,15 +116,128 @@ def to_markdown(summary: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _round_ms(rs: list[dict]) -> dict[str, float]:
+    """Mean ms per verification round: drafting, verifying, the recall index's update, the rest."""
+    rounds = sum(r.get("verify_steps") or 0 for r in rs) or 1
+    index = sum(r.get("engine_index_update_s") or 0.0 for r in rs)
+    return {"draft": 1000 * sum(r.get("draft_s") or 0.0 for r in rs) / rounds,
+            "verify": 1000 * sum(r.get("verify_s") or 0.0 for r in rs) / rounds,
+            "index": 1000 * index / rounds,
+            "other": 1000 * max(sum(r.get("overhead_s") or 0.0 for r in rs) - index, 0.0) / rounds}
+
+
+def headline(rows: list[dict]) -> list[str]:
+    """Plain sentences, generated from the rows, on how each method did against its paired ar:
+    how much faster or slower, why (the round's time split against ar's time per token), and
+    whether its output was ar's own. One paragraph per method and (dataset, task, ctx)."""
+    out = []
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"])].append(r)
+    for (dataset, task, ctx), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        ar = {r["sample_id"]: r for r in rs if r["method"] == "ar"}
+        where = f"{dataset}{'/' + task if task else ''} at {ctx_label(ctx)} context"
+        for method in dict.fromkeys(r["method"] for r in rs if r["method"] != "ar"):
+            mine = [r for r in rs if r["method"] == method and r["sample_id"] in ar and r.get("speedup")]
+            if not mine:
+                continue
+            paired = [ar[r["sample_id"]] for r in mine]
+            speedup = statistics.fmean(r["speedup"] for r in mine)
+            tok_s, ar_tok_s = (sum(r["new_tokens"] for r in x) / sum(r["wall_s"] for r in x) for x in (mine, paired))
+            ms_token = 1000 * sum(r["wall_s"] for r in mine) / sum(r["new_tokens"] for r in mine)
+            ar_ms_token = 1000 / ar_tok_s
+            verdict = "faster than" if speedup > 1.02 else "slower than" if speedup < 0.98 else "as fast as"
+            n = len(mine)
+            text = (f"On {where} ({n} sample{'s' if n > 1 else ''}), {method} decoded "
+                    f"{tok_s:.1f} tokens/s against ar's {ar_tok_s:.1f}: {speedup:.2f}× ar, {verdict} ar.")
+            k, alpha, tau = (_mean(r.get(key) for r in mine) for key in ("k_mean", "acceptance_rate",
+                                                                         "mean_accepted_tokens"))
+            if k is not None and tau is not None:
+                ms = _round_ms(mine)
+                parts = [f"{ms['draft']:.0f} ms drafting", f"{ms['verify']:.0f} ms verifying with the full cache"]
+                if ms["index"] >= 0.5:
+                    parts.append(f"{ms['index']:.0f} ms updating its recall index")
+                budget = _mean(r.get("budget_tokens") for r in mine)
+                view = (f" from a sparse view of {budget:.0f} of {_mean(r['prompt_tokens'] for r in mine):.0f} "
+                        "cached tokens" if budget else "")
+                text += (f" Each round drafted {k:.1f} tokens{view} and kept {alpha:.0%} of them, {tau:.2f} tokens "
+                         f"a round with the verifier's own; a round took {', '.join(parts[:-1])} and {parts[-1]}, "
+                         f"so a token cost {ms_token:.0f} ms against ar's {ar_ms_token:.0f} ms.")
+            same = [r.get("exact_match_ar") for r in mine]
+            if all(v is True for v in same):
+                text += " Its output was token-identical to ar's" + (" on every sample." if n > 1 else ".")
+            elif any(v is False for v in same):
+                text += (f" Its output differed from ar's on {sum(v is False for v in same)} of {n} samples: "
+                         "under greedy decoding in float32 that is a bug.")
+            else:
+                text += " (Sampled: outputs differ from ar's draw by design; the distribution is the target's.)"
+            out.append(text)
+    return out
+
+
+def calibration_table(rows: list[dict]) -> str:
+    """The entropy controller's own check of its acceptance model, per method and ctx: predicted vs
+    observed acceptance of its labelled draft tokens, and of the first m drafts of a round all being
+    accepted (the product of per-token estimates assumes independence). "" when no row has one."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if (r.get("engine_calibration") or {}).get("n"):
+            groups[(dataset_label({"dataset": r["dataset"], "task": r.get("task")}), r["ctx"], r["method"])].append(r)
+    if not groups:
+        return ""
+    lines = ["| method | dataset | ctx | tokens | predicted α | observed α | P(first 1 / 2 / 4 / 8 accepted): "
+             "observed vs predicted |", "|---|---|---|---|---|---|---|"]
+    for (dataset, ctx, method), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        n = sum(r["engine_calibration"]["n"] for r in rs)
+
+        def weighted(key: str, rs=rs, n=n) -> float:
+            return sum(r["engine_calibration"][key] * r["engine_calibration"]["n"] for r in rs) / n
+
+        chain = []
+        for m in ("1", "2", "4", "8"):
+            # JSON turns the int keys of a fresh row into strings
+            cells = [(r.get("engine_prefix_acceptance") or {}).get(m) or (r.get("engine_prefix_acceptance") or {}).get(
+                int(m)) for r in rs]
+            cells = [c for c in cells if c]
+            if cells:
+                total = sum(c["n"] for c in cells)
+                obs = sum(c["observed"] * c["n"] for c in cells) / total
+                pred = sum(c["predicted"] * c["n"] for c in cells) / total
+                chain.append(f"{obs:.2f} vs {pred:.2f}")
+            else:
+                chain.append("—")
+        lines.append(f"| {method} | {dataset} | {ctx_label(ctx)} | {n} | {weighted('predicted'):.2f} | "
+                     f"{weighted('observed'):.2f} | {' / '.join(chain)} |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(rows: list[dict], summary: list[dict]) -> str:
+    """summary.md: the table, the sentences on what it shows, and the controller's calibration."""
+    note = ("mean ± std over samples; speedup: paired ar wall_s / method wall_s (decoding after prefill); "
+            "α: accepted / drafted; τ: tokens per verification round; γ: draft step / verify step time; "
+            "identical to ar: share of greedy outputs token-identical to ar\n\n")
+    text = note + to_markdown(summary)
+    sentences = headline(rows)
+    if sentences:
+        text += "\n" + "\n\n".join(sentences) + "\n"
+    calibration = calibration_table(rows)
+    if calibration:
+        text += ("\nThe entropy controller's acceptance model against what verification found (labelled draft "
+                 "tokens: up to and including a round's first rejection):\n\n" + calibration)
+    return text
+
+
 def write_reports(rows: list[dict], out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
-    note = ("mean ± std over samples; speedup: paired ar wall_s / method wall_s (decoding after prefill); "
-            "α: accepted / drafted; τ: tokens per verification round; γ: draft step / verify step time; "
-            "identical to ar: share of greedy outputs token-identical to ar\n\n")
-    write_atomic(out_dir / "summary.md", note + to_markdown(summary))
+    write_atomic(out_dir / "summary.md", report_markdown(rows, summary))
     plot_paths = write_plots(rows, summary, out_dir)
     return {"summary": summary, "plots": plot_paths}
 

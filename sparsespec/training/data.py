@@ -1,6 +1,6 @@
 """Training sequences and their teacher targets as a LightningDataModule.
 
-Default corpus: the PG-19 books shipped in ../shared/data/pg19, split with
+Default corpus: the six PG-19 books shipped in the package (sparsespec/data/pg19_books.jsonl.xz), split with
 `sparsespec.data.pg19.pg19_split` (2 of the 6 books, chosen by title hash, are held out for
 evaluation; the Figure-1 script evaluates on those). `data.path=FILE|DIR` takes any .txt/.jsonl/
 .json/.parquet text instead: with 3+ documents a third (by name hash, at least one) is held out;

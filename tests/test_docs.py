@@ -1,0 +1,85 @@
+"""Every results table and plot in README.md and docs/ is rebuilt from committed files in results/,
+and rebuilding reproduces the committed markdown exactly (`make docs` leaves git status clean)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import docs  # noqa: E402
+
+
+def test_committed_docs_are_what_their_results_files_give():
+    """The numbers in README.md and docs/ are the committed results, rendered: no table was edited
+    by hand, none lacks its file, every plot exists."""
+    assert docs.main(["--check"]) == 0
+    found = docs.sections()
+    readme = found["README.md"]
+    assert any(s.startswith("plot.") for s in readme) and any(not s.startswith("plot.") for s in readme)
+    assert sum(len(v) for v in found.values()) >= 10
+    for specs in found.values():
+        for spec in specs:  # every section cites files inside results/
+            assert all(p.startswith("results/") for p in spec.split()[1:] if "=" not in p), spec
+
+
+def _report(tok_s: float) -> dict:
+    row = {"ctx": 4096, "sample": "pg19/a", "method": "ar", "tok_s": tok_s, "tok_s_std": 0.0, "vs_hf": None,
+           "vs_ar": 1.0, "floor_tok_s": 40.0, "acceptance": None, "tau": None, "gamma": None, "k_mean": None,
+           "identical_ar": True, "identical_hf": None, "prefill_s": 1.0, "hf_prefill_s": None, "peak_rss_gb": 1.0}
+    spec = {**row, "method": "magicdec", "tok_s": 2 * tok_s, "vs_ar": 2.0, "acceptance": 0.8, "tau": 4.0,
+            "gamma": 0.3, "k_mean": 4.0, "draft_ms": 10.0, "verify_ms": 5.0, "index_ms": 0.0, "other_ms": 0.1}
+    return {"command": "python scripts/bench.py --ctx 4k", "args": {"repeats": 1}, "bandwidth_gbs": 30.0,
+            "weight_bytes": 5e8, "rows": [row, spec]}
+
+
+def test_sections_are_rebuilt_from_their_files_and_stale_ones_are_found(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results" / "speed.json").write_text(json.dumps(_report(10.0)))
+    run = tmp_path / "results" / "run"
+    run.mkdir()
+    rows = [{"sample_id": "s", "dataset": "ruler", "task": "niah_single", "ctx": 4096, "method": m, "new_tokens": 8,
+             "wall_s": w, "prompt_tokens": 4096, "output_ids": [1] * 8, "tokens_per_s": 8 / w, "score": 1.0,
+             "speedup": None if m == "ar" else 2.0, "exact_match_ar": True,
+             "acceptance_rate": None if m == "ar" else 0.5, "mean_accepted_tokens": None if m == "ar" else 2.0}
+            for m, w in (("ar", 1.0), ("magicdec", 0.5))]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "command.txt").write_text("python evaluate.py dataset=ruler\n")
+    doc = tmp_path / "docs" / "b.md"
+    doc.write_text("# B\n\nintro\n\n<!-- results: bench.pivot results/speed.json -->\nold\n<!-- /results -->\n\n"
+                   "<!-- results: plot.bench results/speed.json img=docs/img/s.png -->\n<!-- /results -->\n\n"
+                   "<!-- results: eval.tasks results/run -->\n<!-- /results -->\nend\n")
+    (tmp_path / "README.md").write_text("# R\n")
+    assert docs.main(["--check"], root=tmp_path) == 2  # the plot does not exist yet: an error, not a pass
+    assert docs.main([], root=tmp_path) == 0
+    text = doc.read_text()
+    assert "intro" in text and text.endswith("<!-- /results -->\nend\n") and "old" not in text
+    assert "| magicdec | 2.00× | yes |" in text and "| ar | 10.0 tok/s | yes |" in text
+    assert "Made by `python scripts/bench.py --ctx 4k`. Data: [`results/speed.json`](../results/speed.json)." in text
+    assert "![s](img/s.png)" in text and (tmp_path / "docs" / "img" / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| niah_single | 4k | 1 | 1.00 | 8.00 | 2.00 (0.50, 2.00) | yes |" in text
+    assert "Made by `python evaluate.py dataset=ruler`." in text
+    png = (tmp_path / "docs" / "img" / "s.png").read_bytes()
+    assert docs.main(["--check"], root=tmp_path) == 0 and docs.main([], root=tmp_path) == 0
+    assert (tmp_path / "docs" / "img" / "s.png").read_bytes() == png  # same numbers, same bytes
+    # a number edited by hand, or a results file that changed, is stale
+    doc.write_text(text.replace("10.0 tok/s", "11.0 tok/s"))
+    assert docs.main(["--check"], root=tmp_path) == 1
+    docs.main([], root=tmp_path)
+    (tmp_path / "results" / "speed.json").write_text(json.dumps(_report(12.0)))
+    assert docs.main(["--check"], root=tmp_path) == 1
+
+
+@pytest.mark.parametrize("spec, message", [("bench.nope results/speed.json", "unknown renderer"),
+                                           ("bench.pivot results/missing.json", "names no existing results file")])
+def test_a_bad_section_is_an_error_naming_it(tmp_path, capsys, spec, message):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "speed.json").write_text(json.dumps(_report(10.0)))
+    (tmp_path / "README.md").write_text(f"<!-- results: {spec} -->\n<!-- /results -->\n")
+    assert docs.main([], root=tmp_path) == 2
+    assert message in capsys.readouterr().err
