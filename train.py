@@ -6,9 +6,11 @@ Thin entry point: Hydra composes conf/train.yaml, sparsespec.training.run.train 
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 
@@ -18,7 +20,8 @@ def main(cfg: DictConfig) -> float | None:
     from sparsespec.training.run import train
 
     try:
-        result = train(cfg)
+        command = " ".join(["python train.py", *(shlex.quote(o) for o in HydraConfig.get().overrides.task)])
+        result = train(cfg, command=command)
     except ConfigError as e:  # a bad key or value: one clear line, no traceback, nothing written
         logging.getLogger("train").error("%s", e)
         sys.exit(2)

@@ -40,11 +40,13 @@ class DocsError(ValueError):
     pass
 
 
-def _bench(fn: Callable) -> Callable:
+def _one_report(fn: Callable) -> Callable:
+    """A renderer of one .json report."""
     return lambda sources, **kw: fn(_one_json(sources), **kw)
 
 
 def _rows(fn: Callable) -> Callable:
+    """A renderer of the rows of every named file or run."""
     return lambda sources, **kw: fn([r for s in sources for r in s["rows"]], **kw)
 
 
@@ -72,19 +74,20 @@ def _soak(sources: list[dict]) -> str:
 
 
 RENDERERS: dict[str, Callable[..., str]] = {
-    "bench": _bench(tables.bench_markdown),
-    "bench.speed": _bench(tables.bench_speed),
-    "bench.machine": _bench(tables.bench_machine),
-    "bench.split": _bench(tables.bench_split),
-    "bench.spread": _bench(tables.bench_spread),
-    "bench.quarters": _bench(tables.bench_quarters),
-    "bench.pivot": _bench(tables.bench_pivot),
+    "bench": _one_report(tables.bench_markdown),
+    "bench.speed": _one_report(tables.bench_speed),
+    "bench.machine": _one_report(tables.bench_machine),
+    "bench.split": _one_report(tables.bench_split),
+    "bench.spread": _one_report(tables.bench_spread),
+    "bench.quarters": _one_report(tables.bench_quarters),
+    "bench.pivot": _one_report(tables.bench_pivot),
     "eval.report": _rows(_run_report),
     "eval.tasks": _rows(tables.task_table),
     "eval.calibration": _rows(lambda rows: calibration_table(rows).rstrip("\n")),
     "eval.sampling": _rows(tables.sampling_table),
     "budgetdraft": _budgetdraft,
     "soak": _soak,
+    "train.metrics": _one_report(tables.train_metrics),
 }
 PLOTS: dict[str, Callable[[list[dict], Path], None]] = {
     "plot.bench": lambda sources, path: tables.bench_plot(_one_json(sources), path),

@@ -96,12 +96,12 @@ def overrides(env, out: Path, *extra: str) -> list[str]:
             "trainer=debug", "trainer.precision=32-true", f"out_dir={out}", *extra]
 
 
-def run_train(ovr: list[str]):
+def run_train(ovr: list[str], command: str | None = None):
     from sparsespec.training.run import train
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=ovr)
-    return train(cfg)
+    return train(cfg, command=command)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,9 +322,12 @@ def greedy_continuation(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
 
 def test_compose_fast_dev_run_and_configs(env, tmp_path):
     out = tmp_path / "fdr"
-    res = run_train(overrides(env, out, "trainer.fast_dev_run=true", "budget=multi", "budget.values=[16,32]"))
+    res = run_train(overrides(env, out, "trainer.fast_dev_run=true", "budget=multi", "budget.values=[16,32]"),
+                    command="python train.py budget=multi")
     assert res["trainer"].global_step == 1
     assert (out / "drafter" / "config.json").is_file()
+    # the command that made the run is kept with its metrics (docs tables built from them cite it)
+    assert json.loads((out / "metrics.json").read_text())["command"] == "python train.py budget=multi"
     for group in ("budget=single", "budget=full", "drafter=small", "trainer=ddp", "trainer=fsdp", "logger=wandb",
                   "loss=ce", "budget.ratios=[0.25,0.5]"):
         with initialize_config_dir(str(CONF), version_base="1.3"):

@@ -298,3 +298,19 @@ def _quarters(row: dict) -> list[float | None]:
     res = GenerationResult(output_ids=row["output_ids"], prompt_tokens=row["prompt_tokens"], prefill_s=0.0,
                            wall_s=1.0, rounds=list(zip(row["drafted_per_round"], row["accepted_per_round"], strict=True)))
     return res.acceptance_by_part(4) or [None] * 4
+
+
+# -- train.py runs --------------------------------------------------------------------------------
+
+
+def train_metrics(summary: dict) -> str:
+    """A training run's validation metrics before and after training (its metrics.json)."""
+    final, untrained = summary["final"], summary.get("untrained") or {}
+    keys = sorted(k for k in final if k.startswith("val/"))
+    lines = [f"{summary['global_step']} steps in {summary['seconds'] / 60:.1f} min (teacher pass included: "
+             f"{summary.get('teacher_shards_computed', 0)} shards computed). Teacher-forced on the held-out windows.", "",
+             "| metric | untrained | trained |", "|---|---|---|"]
+    for k in keys:
+        before = untrained.get(k)
+        lines.append(f"| `{k}` | {_fmt(before, '{:.3f}')} | {final[k]:.3f} |")
+    return "\n".join(lines)

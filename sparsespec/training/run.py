@@ -82,11 +82,12 @@ def check_drafter_tokenizer(cfg: DictConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, Any]:
+def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | None = None) -> dict[str, Any]:
     """Run one training job; returns trainer, module, datamodule, export dir and metrics.
 
     The config is validated first (sparsespec.config.validate_train_config: a ConfigError naming
-    the key, before any model loads). `callbacks`: extra Lightning callbacks (tests record steps)."""
+    the key, before any model loads). `callbacks`: extra Lightning callbacks (tests record steps).
+    `command` (the command line, as train.py passes it) is kept in metrics.json."""
     validate_train_config(cfg)
     check_drafter_tokenizer(cfg)
     t_start = time.perf_counter()
@@ -124,7 +125,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None) -> dict[str, Any]
     final = _metrics(trainer)
 
     export_dir = None
-    summary = {"untrained": untrained, "final": final, "global_step": trainer.global_step,
+    summary = {"command": command, "untrained": untrained, "final": final, "global_step": trainer.global_step,
                "teacher_shards_computed": datamodule.computed_shards,
                "seconds": round(time.perf_counter() - t_start, 1), "fingerprint": fingerprint,
                "config": OmegaConf.to_container(cfg, resolve=True)}
