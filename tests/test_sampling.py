@@ -1,13 +1,15 @@
 """Speculative sampling reproduces the target distribution (fixed seeds, tight tolerances)."""
 
+import pytest
 import torch
 from conftest import random_prompt, tiny_lm
 
-from sparsespec.decoding.controllers import FixedK
+from sparsespec.decoding.controllers import EntropyController, FixedK
 from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_speculative
+from sparsespec.kv.recall import RecallIndex
 from sparsespec.kv.views import StreamingView
 
 
@@ -70,23 +72,29 @@ def exact_marginals(target, prompt, steps, sampling):
     return marg
 
 
-def test_engine_sampling_matches_target_marginals():
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_engine_sampling_matches_target_marginals(family):
     """End to end: speculative sampling with a mismatched drafter gives the target's per-position
-    marginals (V = 6, temperature 1), while the drafter's own distribution is clearly different."""
+    marginals (V = 6, temperature 1), while the drafter's own distribution is clearly different.
+    Drafters: a small model, MagicDec's streaming self-draft, SparseSpec-L's recall index under its
+    entropy controller (draft lengths 1-3, so the controller's stop rule is exercised), and lookup."""
     V, steps, n = 6, 3, 1500
-    target = tiny_lm("llama", vocab=V, seed=1, layers=1)
-    drafter = tiny_lm("llama", vocab=V, seed=2, layers=1)
+    target = tiny_lm(family, vocab=V, seed=1, layers=1)
+    drafter = tiny_lm(family, vocab=V, seed=2, layers=1)
     prompt = random_prompt(12, seed=5, vocab=V)
     sampling = Sampling(temperature=1.0)
     exact = exact_marginals(target, prompt, steps, sampling)
     draft_exact = exact_marginals(drafter, prompt, steps, sampling)
     assert max(tv(a, b) for a, b in zip(exact, draft_exact, strict=True)) > 0.15  # the test has power
     # LookupDrafter(1): with 6 tokens every unigram recurs, so it drafts deterministically (one-hot q)
-    for make in (lambda: ModelDrafter(drafter), lambda: SelfDrafter(StreamingView(budget=6, k_sink=1)),
-                 lambda: LookupDrafter(1)):
+    recall = (lambda: SelfDrafter(RecallIndex(budget=5, k_sink=1, k_recent=2, window=2)),
+              lambda: EntropyController(candidates=(1, 2, 3)))
+    for make, control in ((lambda: ModelDrafter(drafter), lambda: FixedK(2)),
+                          (lambda: SelfDrafter(StreamingView(budget=6, k_sink=1)), lambda: FixedK(2)),
+                          recall, (lambda: LookupDrafter(1), lambda: FixedK(2))):
         counts = torch.zeros(steps, V)
         for seed in range(n):
-            res = SpeculativeEngine(target, make(), FixedK(2)).generate(prompt, steps, sampling, seed=seed)
+            res = SpeculativeEngine(target, make(), control()).generate(prompt, steps, sampling, seed=seed)
             for i, t in enumerate(res.output_ids):
                 counts[i, t] += 1
         for i in range(steps):

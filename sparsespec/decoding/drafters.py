@@ -27,6 +27,9 @@ class DecodeState:
     cache: KVCache
     tokens: list[int]
     prompt_len: int
+    # the most tokens this round may draft (set by the engine: a draft past max_new_tokens is
+    # never used, and a windowed drafter must not run past its window for it)
+    draft_limit: int = 1 << 30
 
 
 @dataclass
@@ -62,7 +65,7 @@ class SelfDrafter:
     def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
         model, length = state.target, state.cache.length
-        kmax = controller.max_draft()
+        kmax = min(controller.max_draft(), state.draft_limit)
         idx = self.view.select(length, model.n_layers, model.n_kv_heads, model.device)
         # Full view: draft straight into the target cache and roll back; else a compact copy.
         if idx is None:
@@ -117,7 +120,7 @@ class ModelDrafter:
 
     def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
-        kmax = controller.max_draft()
+        kmax = min(controller.max_draft(), state.draft_limit)
         vocab = state.target.vocab_size
         # catch up on every token the drafter has not processed (the pending one, plus the
         # verifier's correction or the last draft when all were accepted)
@@ -204,7 +207,7 @@ class LookupDrafter:
 
     def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
-        kmax = controller.max_draft() if self.k is None else min(self.k, controller.max_draft())
+        kmax = min(controller.max_draft(), state.draft_limit, *([self.k] if self.k is not None else []))
         out = self.lookup(state.tokens, kmax)
         if not out:
             self.fell_back += 1

@@ -160,8 +160,10 @@ class SpeculativeEngine:
         proposal = None
         # with one token left a draft can never be used: verify-only (an AR step)
         if drafter is not None and remaining > 1:
+            state.draft_limit = remaining - 1
             proposal = drafter.propose(state, self.controller, sampling, gen)
-            proposal.tokens = proposal.tokens[: remaining - 1]
+            # a drafter that ignores the limit still cannot emit tokens past max_new_tokens
+            proposal.tokens = proposal.tokens[: state.draft_limit]
             if proposal.q is not None:
                 proposal.q = proposal.q[: len(proposal.tokens)]
         draft = proposal.tokens if proposal else []

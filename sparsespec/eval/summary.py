@@ -131,6 +131,11 @@ def _round_ms(rs: list[dict]) -> dict[str, float]:
             "other": 1000 * max(sum(r.get("overhead_s") or 0.0 for r in rs) - index, 0.0) / rounds}
 
 
+def _ms(x: float) -> str:
+    """Milliseconds with two significant figures below 10 ms (a tiny model's rounds take fractions)."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+
 def headline(rows: list[dict]) -> list[str]:
     """Plain sentences, generated from the rows, on how each method did against its paired ar:
     how much faster or slower, why (the round's time split against ar's time per token), and
@@ -159,15 +164,15 @@ def headline(rows: list[dict]) -> list[str]:
                                                                          "mean_accepted_tokens"))
             if k is not None and tau is not None:
                 ms = _round_ms(mine)
-                parts = [f"{ms['draft']:.0f} ms drafting", f"{ms['verify']:.0f} ms verifying with the full cache"]
-                if ms["index"] >= 0.5:
-                    parts.append(f"{ms['index']:.0f} ms updating its recall index")
+                parts = [f"{_ms(ms['draft'])} ms drafting", f"{_ms(ms['verify'])} ms verifying with the full cache"]
+                if ms["index"] > 0:  # only methods with a recall index spend time on one
+                    parts.append(f"{_ms(ms['index'])} ms updating its recall index")
                 budget = _mean(r.get("budget_tokens") for r in mine)
                 view = (f" from a sparse view of {budget:.0f} of {_mean(r['prompt_tokens'] for r in mine):.0f} "
                         "cached tokens" if budget else "")
                 text += (f" Each round drafted {k:.1f} tokens{view} and kept {alpha:.0%} of them, {tau:.2f} tokens "
                          f"a round with the verifier's own; a round took {', '.join(parts[:-1])} and {parts[-1]}, "
-                         f"so a token cost {ms_token:.0f} ms against ar's {ar_ms_token:.0f} ms.")
+                         f"so a token cost {_ms(ms_token)} ms against ar's {_ms(ar_ms_token)} ms.")
             same = [r.get("exact_match_ar") for r in mine]
             if all(v is True for v in same):
                 text += " Its output was token-identical to ar's" + (" on every sample." if n > 1 else ".")

@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from sparsespec.models import embedded
+from sparsespec.models.runner import applied_sliding_window, sliding_window_message
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,8 @@ def load_model(
     """Load a causal LM and its tokenizer for inference.
 
     `ctx` is the longest sequence (prompt + generation) the caller will run; with the default
-    `rope_scaling="auto"` it triggers YaRN when it exceeds the trained positions. `tokenizer_path`
+    `rope_scaling="auto"` it triggers YaRN when it exceeds the trained positions, and a model whose
+    sliding attention window is shorter than it is refused (ModelLoadError naming sliding_window). `tokenizer_path`
     loads the tokenizer from elsewhere (for weight-only directories). Raises ModelLoadError for
     anything about the path, ValueError for a bad dtype or rope_scaling.
     """
@@ -353,6 +355,9 @@ def load_model(
         raise ModelLoadError(_hub_message(source, e)) from e
     except ValueError as e:  # unknown model_type, invalid hub id, ...
         raise ModelLoadError(f"model.path={source}: {e}") from e
+    window = applied_sliding_window(config)
+    if window is not None and ctx is not None and ctx > window:  # refuse before loading any weights
+        raise ModelLoadError(f"model.path={source}: {sliding_window_message(window, ctx)}")
     max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
     if max_positions:
         _apply_rope(config, ctx, rope_scaling)

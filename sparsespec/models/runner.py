@@ -34,6 +34,45 @@ class UnsupportedModelError(ValueError):
     pass
 
 
+# Families whose transformers modeling never applies `config.sliding_window`, even when a config.json
+# carries the key (some Llama derivatives do).
+_NO_WINDOW_FAMILIES = {"llama"}
+
+
+def applied_sliding_window(config) -> int | None:
+    """The sliding attention window, in tokens, that transformers (5.x) applies to `config`'s model,
+    or None where it attends to the whole sequence, as we always do.
+
+    A query at index i then sees keys i-W+1..i, so while no sequence exceeds W tokens the window cuts
+    nothing and our full attention is exact. How each family decides:
+
+    * mistral: every layer whenever `sliding_window` is not None; there is no `use_sliding_window`
+      flag (Mistral-7B-v0.1 ships 4096, v0.2+ null) and Mistral ignores `layer_types`.
+    * qwen2, qwen3 and other families with per-layer `layer_types`: the layers typed
+      "sliding_attention". Their configs set `sliding_window=None` unless `use_sliding_window`, and
+      derive layer_types from it and `max_window_layers` (layers i >= max_window_layers slide, so a
+      model with no more layers than that never applies its window).
+    * llama: never.
+    * any other family that sets `sliding_window` without `layer_types`: taken as applied.
+    """
+    window = getattr(config, "sliding_window", None)
+    model_type = getattr(config, "model_type", None)
+    if window is None or model_type in _NO_WINDOW_FAMILIES:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if model_type != "mistral" and layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def sliding_window_message(window: int, tokens: int) -> str:
+    """The one refusal for a sequence longer than the model's sliding window (load_model and CausalLM)."""
+    return (f"sliding_window={window}: this model's attention sees only its last {window} tokens, ours the "
+            f"whole cache, so at a context of {tokens} tokens (prompt + generation) the outputs would differ "
+            f"from the model's. Run at a context of at most {window} tokens, or use a model without a "
+            "sliding window")
+
+
 class CausalLM:
     """A decoder-only LM run one block of tokens at a time against an explicit KVCache."""
 
@@ -47,9 +86,10 @@ class CausalLM:
                 f"{type(hf_model).__name__} is not a Llama-shaped causal LM (model.embed_tokens/layers/norm/"
                 "rotary_emb and lm_head); supported families: llama, qwen2, qwen3, mistral"
             )
-        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-            raise UnsupportedModelError("sliding-window attention is not supported: set use_sliding_window=false")
         self.config = cfg
+        # full attention equals the model's windowed one only while the cache fits the window:
+        # forward and prefill refuse to go past it
+        self.sliding_window = applied_sliding_window(cfg)
         self.embed, self.layers, self.norm = inner.embed_tokens, inner.layers, inner.norm
         self.rotary, self.lm_head = inner.rotary_emb, hf_model.lm_head
         attn0 = self.layers[0].self_attn
@@ -102,9 +142,13 @@ class CausalLM:
         positions: RoPE positions of the new tokens (default: cache.length + arange(n)); a gathered
         compact cache passes the tokens' true positions. mask: [n, cache.length + n] bool visibility
         (default causal). logits: "all" ([n, V]), "last" ([1, V]) or "none" (prefill chunks).
+        Raises UnsupportedModelError if the cache would then hold more tokens than the model's
+        sliding window (`applied_sliding_window`): past it our full attention is not the model's.
         """
-        self.forward_calls += 1
         n = ids.shape[0]
+        if self.sliding_window is not None and cache.length + n > self.sliding_window:
+            raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
+        self.forward_calls += 1
         cache.reserve(n)
         if positions is None:
             positions = torch.arange(cache.length, cache.length + n, device=ids.device)
@@ -160,6 +204,8 @@ class CausalLM:
         last position's logits [1, V]. mask_fn(start, n, total) gives a chunk's visibility mask for
         sparse-attention drafters; capture applies to the final chunk only (the last prompt queries)."""
         n = ids.shape[0]
+        if self.sliding_window is not None and cache.length + n > self.sliding_window:  # before any chunk
+            raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
         cache.reserve(n)
         bounds = list(range(0, n, chunk)) + [n]
         if capture is not None and len(bounds) > 2 and n - bounds[-2] < capture.last:

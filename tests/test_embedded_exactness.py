@@ -1,0 +1,60 @@
+"""The first law on the real embedded SmolLM2 (not only tiny random models): every method as its
+config ships, run on a book prompt, gives the target's greedy output token for token."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from sparsespec.config import register_configs
+from sparsespec.data.pg19 import load_books, select_split
+from sparsespec.decoding.controllers import FixedK
+from sparsespec.decoding.drafters import ModelDrafter
+from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.models.loading import load_model
+from sparsespec.models.runner import CausalLM
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PROMPT_TOKENS, NEW_TOKENS = 1000, 32
+
+
+def shipped_method(name: str, overrides: list[str]):
+    """conf/method/<name>.yaml composed and instantiated as evaluate.py does."""
+    register_configs()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return instantiate(compose("evaluate", overrides=[f"method={name}", *overrides]).method)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    loaded = load_model(None)
+    lm = CausalLM(loaded.model)
+    book = select_split(load_books(), "eval")[0]["text"]  # a book held out from drafter training
+    prompt = loaded.tokenizer(book[100_000:120_000])["input_ids"][:PROMPT_TOKENS]
+    assert len(prompt) == PROMPT_TOKENS
+    return lm, prompt, SpeculativeEngine(lm).generate(prompt, NEW_TOKENS).output_ids
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("name,over", [
+    ("magicdec", ["method.ratio=null", "method.budget=64"]),
+    ("sparsespec_l", ["method.ratio=0.05"]),
+    ("sparsespec_l", ["method.ratio=0.05", "method.refresh_every=4", "method.candidates=[1,2,3]"]),
+    ("snapkv_self", ["method.ratio=0.05"]),
+    ("lookup", []),
+])
+def test_shipped_methods_are_exact_on_smollm2(smollm2, name, over):
+    lm, prompt, ar = smollm2
+    res = shipped_method(name, over).build(lm).generate(prompt, NEW_TOKENS)
+    assert res.output_ids == ar, f"{name} {over}"
+    if name != "lookup":  # the drafts were really made and checked, some rejected (the test has power)
+        assert res.drafted > res.accepted > 0
+
+
+@pytest.mark.embedded
+def test_target_as_its_own_model_drafter_is_always_accepted_on_smollm2(smollm2):
+    lm, prompt, ar = smollm2
+    res = SpeculativeEngine(lm, ModelDrafter(lm), FixedK(4)).generate(prompt, NEW_TOKENS)
+    assert res.output_ids == ar
+    assert res.accepted == res.drafted > 0
