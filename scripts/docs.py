@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -115,7 +116,7 @@ def load_source(path: Path, root: Path) -> dict:
 
 def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
     """The generated body of one marked section of `doc`."""
-    name, *args = spec.split()
+    name, *args = shlex.split(spec)  # alt="..." may hold spaces
     options = dict(a.split("=", 1) for a in args if "=" in a)
     patterns = [a for a in args if "=" not in a]
     paths = [Path(p) for pat in patterns for p in sorted(glob.glob(str(root / pat)))]

@@ -4,6 +4,7 @@ and rebuilding reproduces the committed markdown exactly (`make docs` leaves git
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_committed_docs_are_what_their_results_files_give():
     assert sum(len(v) for v in found.values()) >= 10
     for specs in found.values():
         for spec in specs:  # every section cites files inside results/
-            assert all(p.startswith("results/") for p in spec.split()[1:] if "=" not in p), spec
+            assert all(p.startswith("results/") for p in shlex.split(spec)[1:] if "=" not in p), spec
 
 
 def _report(tok_s: float) -> dict:

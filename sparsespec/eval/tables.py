@@ -77,8 +77,9 @@ def bench_speed(report: dict, ctx: int | None = None) -> str:
         std = statistics.fmean(r["tok_s_std"] for r in rs)
         speed = f"{tok:.2f} ± {std:.2f}" if reps > 1 else f"{tok:.2f}"
         ar = "1.00" if method == "ar" else mean_std([r.get("vs_ar") for r in rs])
+        hf = "1.00" if method == "hf" else mean_std([r.get("vs_hf") for r in rs])  # itself: no spread
         lines.append(
-            f"| {ctx_label(c)} | {method} | {speed} | {mean_std([r.get('vs_hf') for r in rs])} | {ar} | "
+            f"| {ctx_label(c)} | {method} | {speed} | {hf} | {ar} | "
             f"{mean_std([r.get('acceptance') for r in rs])} | {mean_std([r.get('tau') for r in rs])} | "
             f"{_fmt(_mean(r.get('gamma') for r in rs), '{:.3f}')} | {_fmt(_mean(r.get('k_mean') for r in rs), '{:.1f}')} | "
             f"{_same(rs, 'ar')} |")
