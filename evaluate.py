@@ -14,7 +14,6 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from sparsespec.config import register_configs
@@ -23,27 +22,76 @@ register_configs()
 log = logging.getLogger("evaluate")
 
 
+# `method=[a,b,...]`: Hydra would merge the listed method files into one node (their nested
+# defaults clash), so the list and the `method.` overrides are taken off the command line here and
+# each method is composed on its own (method_configs); Hydra sees `method=a`.
+METHOD_LIST: list[str] | None = None
+METHOD_OVERRIDES: list[str] = []
+ARGS: list[str] | None = None  # the command line as given
+
+
+def take_method_list(argv: list[str]) -> list[str]:
+    """argv with `method=[a,b,...]` replaced by `method=a` and without `method.`/`method/` overrides
+    (kept in METHOD_LIST / METHOD_OVERRIDES)."""
+    global METHOD_LIST, METHOD_OVERRIDES, ARGS
+    ARGS = argv[1:]
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key == "method" and value.startswith("[") and value.endswith("]"):
+            names = [n.strip() for n in value[1:-1].split(",") if n.strip()]
+            if names:
+                METHOD_LIST = names
+                METHOD_OVERRIDES = [a for a in argv[1:] if a.lstrip("+~").startswith(("method.", "method/"))]
+                rest = [a for a in argv if a is not arg and a not in METHOD_OVERRIDES]
+                return [*rest, f"method={names[0]}"]
+    return argv
+
+
 def method_configs(cfg: DictConfig) -> list[DictConfig]:
-    """One composed method config per name in `method=[a,b,...]` (each gets the method.* overrides)."""
-    overrides = list(HydraConfig.get().overrides.task)
-    names = None
-    for ov in OverridesParser.create().parse_overrides(overrides):
-        if ov.key_or_group == "method" and not ov.is_delete():
-            value = ov.value()
-            names = [str(v) for v in value] if isinstance(value, list) else None
-    if not names:
+    """One composed method config per listed method. A `method.key=` or `method/group=` override
+    applies to each listed method that has that key (`method.ratio=0.05` leaves ar alone); one that
+    no listed method has is an error."""
+    if not METHOD_LIST:
         return [cfg.method]
-    rest = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") == "method"]
-    return [hydra.compose("evaluate", overrides=[*rest, f"method={n}"]).method for n in names]
+    hc = HydraConfig.get()
+    searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]  # a user's method folder
+    common = [*searchpath, *(o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") != "method")]
+    out, used = [], set()
+    for name in METHOD_LIST:
+        base = [*common, f"method={name}"]
+        mine = [o for o in METHOD_OVERRIDES if _composes([*base, o])]
+        used.update(mine)
+        out.append(hydra.compose("evaluate", overrides=[*base, *mine]).method)
+    for o in METHOD_OVERRIDES:
+        if o not in used:  # Hydra's own error, naming the key
+            hydra.compose("evaluate", overrides=[*common, f"method={METHOD_LIST[0]}", o])
+    return out
+
+
+def _composes(overrides: list[str]) -> bool:
+    try:
+        hydra.compose("evaluate", overrides=overrides)
+        return True
+    except Exception:  # a key this method does not have
+        return False
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     from sparsespec.eval.harness import EvaluationError, run_evaluation
 
-    command = " ".join(["python evaluate.py", *(shlex.quote(o) for o in HydraConfig.get().overrides.task)])
+    args = ARGS if ARGS is not None else list(HydraConfig.get().overrides.task)
+    command = " ".join(["python evaluate.py", *(shlex.quote(o) for o in args)])
     try:
-        out_dir = run_evaluation(cfg, method_configs(cfg), command=command)
+        methods = method_configs(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        log.error("%s", str(e).strip().splitlines()[0])
+        sys.exit(2)
+    try:
+        out_dir = run_evaluation(cfg, methods, command=command)
     except EvaluationError as e:
         log.error("%s", e)
         sys.exit(2)
@@ -54,4 +102,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = take_method_list(sys.argv)
     main()

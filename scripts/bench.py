@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sparsespec.config import parse_ctx  # noqa: E402
+from sparsespec.config import load_method, parse_ctx  # noqa: E402
 from sparsespec.eval.tables import HF_METHODS, bench_markdown, bench_plot  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -78,17 +78,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def our_method(spec: str):
-    """'sparsespec_l:controller=fixed:k=8' -> a validated Method from conf/method/sparsespec_l.yaml."""
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    from sparsespec.config import register_configs
-
+    """'sparsespec_l:controller=fixed:k=8' -> conf/method/sparsespec_l.yaml with the fixed controller at
+    k = 8; other `key=value` parts set `method.key` (the method file's short keys: ratio, budget, ...)."""
     name, *over = spec.split(":")
-    register_configs()
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"method={name}", *(f"method.{o}" for o in over)])
-    method = instantiate(cfg.method, _convert_="all")
+    overrides = []
+    for o in over:
+        key, _, value = o.partition("=")
+        overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}"}.get(
+            key, f"method.{o}"))
+    method = load_method(name, overrides)
     method.name = spec
     return method
 
@@ -198,7 +196,7 @@ def main(argv=None) -> dict:
     if any(m.drafter == "model" for m in ours.values()) or "hf_assisted" in specs:
         drafter_path = args.drafter_path
         if drafter_path is None:
-            from sparsespec.training.export import latest_drafter_path
+            from sparsespec.models.exports import latest_drafter_path
 
             drafter_path = latest_drafter_path()
             if drafter_path is None:

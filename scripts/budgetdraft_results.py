@@ -4,7 +4,7 @@ Figure 1 (teacher-forced, cheap, every drafter and seed). For each held-out PG-1
 (pg19_split's eval side, never trained on) and each ctx, a window of ctx tokens goes through the
 target (float32, full attention) for its greedy next token at the last `--positions` positions.
 Each drafter reads the same window through the inference path (CausalLM.prefill under the
-StreamingView mask, chunked, then one forward over the scored positions under view.mask), and we
+StreamingKV mask, chunked, then one forward over the scored positions under view.mask), and we
 report, on the real text:
 
   acc     share of positions where the drafter's argmax equals the target's greedy token
@@ -57,10 +57,10 @@ from bench import write_section  # noqa: E402
 
 from sparsespec.data.pg19 import load_books, pg19_split  # noqa: E402
 from sparsespec.decoding.controllers import FixedK  # noqa: E402
-from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter  # noqa: E402
+from sparsespec.decoding.drafters import ModelDrafter, PromptLookup  # noqa: E402
 from sparsespec.decoding.engine import SpeculativeEngine  # noqa: E402
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
-from sparsespec.kv.views import FullView, StreamingView  # noqa: E402
+from sparsespec.kv.policies import FullKV, StreamingKV  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 from sparsespec.training.drafters import truncated  # noqa: E402
@@ -70,7 +70,7 @@ K_SINK = 16  # conf/method/budgetdraft.yaml and the training views
 
 
 def view_for(budget: int | None):
-    return FullView() if budget is None else StreamingView(budget=budget, k_sink=K_SINK)
+    return FullKV() if budget is None else StreamingKV(budget=budget, k_sink=K_SINK)
 
 
 def parse_groups(specs: list[str]) -> dict[str, list[str]]:
@@ -233,7 +233,7 @@ def own_output_rows(target, tok, models, args) -> list[dict]:
                     pred = drafter_greedy(model, seq[:-1], n, view_for(b))
                     books[si].append((pred == gold).float())
         for g in args.lookup_ngrams:
-            d = LookupDrafter(g)
+            d = PromptLookup(g)
             hit = torch.tensor([float(d.lookup(seq[: ctx + j], 1) == [out[j]]) for j in range(n)])
             per.setdefault((f"lookup n={g}", "-"), [[]])[0].append(hit)
         print(f"own output at ctx {ctx}: {title} done", flush=True)

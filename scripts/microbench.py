@@ -7,7 +7,7 @@ SmolLM2-135M's cache (30 layers, 3 KV heads of 64, 9 query heads) at one context
 - gather: a 10% sparse view copied into the reused compact cache, torch.gather (the index
   expanded over head_dim) vs index_select of whole rows per head (what KVCache.gather does);
 - attention mass: the recall index's pass over the keys for c accepted queries
-  (attention.attention_mass), against a plain streaming read of the same keys (K.sum()), and
+  (kv.capture.attention_mass), against a plain streaming read of the same keys (K.sum()), and
   the share of it that is the query-key product alone;
 - --compile: one decode step of the embedded model, eager vs the per-layer small ops under
   torch.compile (a standalone copy of the layer loop; loads the model).
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.kv.cache import KVCache  # noqa: E402
-from sparsespec.models.attention import attention_mass  # noqa: E402
+from sparsespec.kv.capture import attention_mass  # noqa: E402
 
 LAYERS, HKV, HQ, D = 30, 3, 9, 64
 

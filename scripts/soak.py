@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sparsespec.config import check_method, parse_ctx, register_configs  # noqa: E402
+from sparsespec.config import load_method, parse_ctx  # noqa: E402
 from sparsespec.decoding.sampling import Sampling  # noqa: E402
 from sparsespec.eval.harness import SharedPrefill  # noqa: E402
 from sparsespec.eval.summary import ctx_label, distinct_by_part  # noqa: E402
@@ -81,15 +81,6 @@ class RssSampler(threading.Thread):
         self.mark()
 
 
-def method_from_conf(name: str, sets: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"method={name}", *sets])
-    return check_method(cfg.method)
-
-
 def source_text(path: str | None) -> str:
     if path:
         return Path(path).read_text(encoding="utf-8", errors="replace")
@@ -116,7 +107,7 @@ def prompt_ids(tokenizer, text: str, ctx: int) -> list[int]:
 def soak_one(args, ctx: int, text: str, t0: float) -> dict:
     sampler = RssSampler(args.interval, t0)
     sampler.start()
-    method = method_from_conf(args.method, args.set)
+    method = load_method(args.method, args.set)
     loaded = load_model(args.model_path, args.dtype, ctx=ctx + args.new_tokens)
     target = CausalLM(loaded.model)
     prompt = prompt_ids(loaded.tokenizer, text, ctx)
@@ -156,7 +147,7 @@ def soak_one(args, ctx: int, text: str, t0: float) -> dict:
     sampler.phase = "compare"
     compare = []
     for name in args.compare:
-        other = method_from_conf(name, [])
+        other = load_method(name, [])
         log.info("ctx %d: %s on the same prefill", ctx, name)
         r = other.build(target, None, args.prefill_chunk).generate(prompt, args.new_tokens, sampling,
                                                                     seed=args.seed, cache=cache)

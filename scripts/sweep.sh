@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # W&B sweeps over train.py / evaluate.py (docs/sweeps.md).
 #
-#   scripts/sweep.sh check [SWEEP.yaml ...]          every swept key exists; sampled points compose
+#   scripts/sweep.sh check [SWEEP.yaml ...]          every swept key exists; every listed value composes
 #   scripts/sweep.sh create SWEEP.yaml               `wandb sweep`: registers it, prints the sweep path
 #   scripts/sweep.sh agent ENTITY/PROJECT/ID [N]     N agents on this machine (default 1), each on its
 #                                                    own cores (and GPU, when there are N or more)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparsespec.eval.methods import MethodConfig
-
 DTYPES = ("float32", "bfloat16", "float16")
 ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
 
@@ -75,7 +73,7 @@ class RuntimeConfig:
 
 @dataclass
 class EvaluateConfig:
-    """conf/evaluate.yaml (the method node is checked by MethodConfig and Method)."""
+    """conf/evaluate.yaml (the method node is checked by `Method.from_config`)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     method: Any = None
@@ -217,11 +215,37 @@ class TrainConfig:
     logger: Any = None
 
 
+def part_node(cls: type) -> dict:
+    """A `_target_` node of a dataclass part holding its init fields' defaults: the dataclass is the
+    one source of a part's defaults, and every field can be set from the command line."""
+    import dataclasses
+
+    node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_"):
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue  # required: the method file (or a user's override) gives it
+        node[f.name] = list(value) if isinstance(value, tuple) else value
+    return node
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
+    from sparsespec.decoding.controllers import EntropyController, FixedK
+    from sparsespec.eval.methods import Method
+
     cs = ConfigStore.instance()
-    cs.store(group="method", name="base_method", node=MethodConfig)
+    # every method has these keys (so `method.lookup=2` works on any of them); its file adds the rest
+    cs.store(group="method", name="base_method",
+             node={k: v for k, v in part_node(Method).items() if k not in ("_target_", "name", "controller", "knobs")})
+    for name, cls in (("fixed", FixedK), ("entropy", EntropyController)):
+        cs.store(group="method/controller", name=name, node=part_node(cls))
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(name="base_evaluate", node=EvaluateConfig)
@@ -295,18 +319,43 @@ def _plain(cfg: Any) -> Any:
     return cfg
 
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose(name: str = "evaluate", overrides: list[str] | tuple[str, ...] = (), config_dir: str | Path | None = None
+            ) -> Any:
+    """conf/<name>.yaml composed with Hydra overrides, outside a Hydra app (scripts, the Python API)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app: compose in its context
+        return hydra_compose(name, overrides=list(overrides))
+    with initialize_config_dir(str(config_dir or CONF_DIR), version_base="1.3"):
+        return hydra_compose(name, overrides=list(overrides))
+
+
+def load_method(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """conf/method/<name>.yaml with `method...` overrides -> a checked Method. Raises ConfigError."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = compose("evaluate", [f"method={name}", *overrides])
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+    return check_method(cfg.method)
+
+
 def check_method(mc: Any) -> Any:
     """A composed method node -> the validated `Method` (no model is touched)."""
     from sparsespec.eval.methods import Method, MethodConfigError
 
-    check_schema(mc, MethodConfig, "method.")
-    kw = {k: v for k, v in _plain(mc).items() if k != "_target_"}
     try:
-        return Method(**kw)
+        return Method.from_config(mc)
     except MethodConfigError as e:
         raise ConfigError(str(e)) from None
-    except TypeError as e:  # a value of the wrong kind reaching the dataclass
-        raise ConfigError(f"method {kw.get('name')}: {e}") from None
 
 
 def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> None:

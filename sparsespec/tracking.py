@@ -1,55 +1,44 @@
-"""Weights & Biases, shared by train.py and evaluate.py; W&B sweep specs and what an agent runs.
+"""Weights & Biases for train.py and evaluate.py, and the W&B sweep files under conf/sweep/.
 
 - `wandb_mode_default()`: offline unless the user configured W&B (WANDB_MODE, WANDB_API_KEY, or an
-  api.wandb.ai entry in ~/.netrc). Offline runs never prompt for a login; `wandb sync DIR` uploads
-  them later.
-- `wandb_logger(...)`: the `_target_` of conf/logger/wandb.yaml (Lightning's WandbLogger with that
-  default, the agent's run id, and the composed Hydra config logged as the run config).
-- `log_evaluation(cfg, out_dir)`: after `run_evaluation` returns, log its files to a W&B run: the
-  config, one row per (sample, method) as a table and as per-sample metrics, the summary as a table
-  and as run-summary scalars, the plots as images, and the drafter directory as an artifact.
-- `load_sweep`, `expand_sweep`, `agent_command`, `check_sweep_keys`: parse conf/sweep/*.yaml, draw
-  points from its parameter space, build the exact argv a `wandb agent` builds for a point, and
-  check that every swept key exists in the composed base config.
-- `read_offline_run(run_dir)`: read back an offline run's config, history, summary and artifacts
-  from its `run-<id>.wandb` file (tests; checking a run before `wandb sync`).
+  api.wandb.ai entry in ~/.netrc), so no run ever stops at a login prompt; `wandb sync DIR` uploads
+  offline runs later.
+- `wandb_logger(...)` / `null_logger()`: the `_target_`s of conf/logger/wandb.yaml and none.yaml.
+- `log_evaluation(cfg, out_dir)`: an evaluation's out_dir (rows, summary, plots, drafter) as one run.
+- `load_sweep`, `agent_command`, `check_sweep_file`: validate a sweep file, build the argv a
+  `wandb agent` runs for a point, and compose every swept key with Hydra before a sweep starts.
 
-Imports of wandb and lightning stay inside functions: importing this module is cheap.
+Imports of wandb, lightning and hydra stay inside functions: importing this module is cheap.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import logging
 import math
 import netrc
 import os
-import random
-import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import Logger, WandbLogger
 
 WANDB_HOST = "api.wandb.ai"
+# ${args_no_hyphens}: the agent passes `key=value`, which is Hydra's override syntax unchanged
 SWEEP_COMMAND = ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
 # result fields logged per sample (numbers, plus the identifying columns)
 ROW_KEYS = ("sample_id", "dataset", "method", "ctx", "prompt_tokens", "new_tokens", "prefill_s", "wall_s",
             "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "draft_steps", "verify_steps",
             "speedup", "gamma", "k_mean", "predicted_speedup", "exact_match_ar", "score")
-DRAFTER_METHODS = {"budgetdraft", "sd", "sd_sparse"}
 SUMMARY_METRICS = ("speedup", "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
                    "predicted_speedup", "exact_match_ar", "score", "wall_s", "prefill_s")
 
 
-# ---------------------------------------------------------------------------------------------
-# mode: offline unless configured, never a prompt
-# ---------------------------------------------------------------------------------------------
+# --- mode: offline unless configured, never a prompt ---
 
 
 def _netrc_has_wandb(path: str | os.PathLike | None = None) -> bool:
@@ -90,13 +79,11 @@ def _init_env(offline: bool) -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
 
 
-# ---------------------------------------------------------------------------------------------
-# training: Lightning's WandbLogger
-# ---------------------------------------------------------------------------------------------
+# --- training: Lightning loggers ---
 
 
 def wandb_logger(offline: Any = "auto", save_dir: str = ".", id: str | None = None,
-                 hydra_config: str | None = None, **kwargs: Any):
+                 hydra_config: str | None = None, **kwargs: Any) -> WandbLogger:
     """conf/logger/wandb.yaml: a Lightning WandbLogger whose run files live in `save_dir/wandb/`.
 
     offline=auto decides by wandb_mode_default(); `id` defaults to WANDB_RUN_ID (a W&B agent sets it,
@@ -120,7 +107,7 @@ def wandb_logger(offline: Any = "auto", save_dir: str = ".", id: str | None = No
 _NULL_LOGGER: type | None = None
 
 
-def null_logger():
+def null_logger() -> Logger:
     """conf/logger/none.yaml: a Lightning logger that records nothing. Lightning's own DummyLogger
     does not survive hydra.utils.instantiate's kwargs merge, and callbacks such as the
     LearningRateMonitor refuse a Trainer without any logger."""
@@ -151,9 +138,7 @@ def _load_config(path: str | os.PathLike) -> dict:
         return OmegaConf.to_container(cfg, resolve=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# evaluation: files in out_dir -> one W&B run
-# ---------------------------------------------------------------------------------------------
+# --- evaluation: files in out_dir -> one W&B run ---
 
 
 def _jsonable(v: Any) -> Any:
@@ -175,34 +160,32 @@ def summary_scalars(summary: list[dict]) -> dict[str, float]:
     """Run-summary scalars from summary.json: `<method>/<metric>` (mean over samples) for every method,
     and the bare `<metric>` of the primary method (the first one that is not `ar`), which is what a
     sweep's `metric.name` refers to (e.g. `speedup`)."""
+    def means(e: dict) -> dict[str, float]:
+        return {m: float(s["mean"]) for m in SUMMARY_METRICS
+                if isinstance((s := e.get(m)), dict) and s.get("mean") is not None}
+
     out: dict[str, float] = {}
     multi_ctx = len({e.get("ctx") for e in summary}) > 1
     for e in summary:
         prefix = e["method"] + (f"/ctx{e['ctx']}" if multi_ctx else "")
-        for m in SUMMARY_METRICS:
-            s = e.get(m)
-            if isinstance(s, dict) and s.get("mean") is not None:
-                out[f"{prefix}/{m}"] = float(s["mean"])
+        out |= {f"{prefix}/{m}": v for m, v in means(e).items()}
     primary = next((e for e in summary if e["method"] != "ar"), summary[0] if summary else None)
-    for m in SUMMARY_METRICS:
-        s = (primary or {}).get(m)
-        if isinstance(s, dict) and s.get("mean") is not None:
-            out[m] = float(s["mean"])
-    return out
+    return out | (means(primary) if primary else {})
 
 
 def drafter_dirs(cfg: DictConfig, rows: Iterable[dict]) -> list[Path]:
     """The drafter directory (an exported HF model dir) the evaluation decoded with, if any: drafter.path
-    when a small-model method ran (budgetdraft, sd, sd_sparse, or any method with drafter: model), or
-    the latest export that budgetdraft falls back to."""
-    methods = {r.get("method") for r in rows}
-    uses_model = bool(methods & DRAFTER_METHODS) or OmegaConf.select(cfg, "method.drafter", default=None) == "model"
-    if not uses_model:
+    when a method with a drafter model ran, or the latest export that a trained-drafter method
+    (budgetdraft) falls back to."""
+    from sparsespec.eval.methods import Method
+
+    methods = [Method.from_config(r["method_config"]) for r in rows if r.get("method_config")]
+    if not any(m.needs_drafter_model for m in methods):
         return []
     path = OmegaConf.select(cfg, "drafter.path", default=None)
-    if not path and "budgetdraft" in methods:
+    if not path and any(m.needs_trained_drafter for m in methods):
         try:
-            from sparsespec.training.export import latest_drafter_path
+            from sparsespec.models.exports import latest_drafter_path
 
             path = latest_drafter_path()
         except Exception:  # no export yet: nothing to log
@@ -260,7 +243,7 @@ def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
         run.finish()
 
 
-def log_artifact_dir(run, path: str | os.PathLike, name: str, type: str = "model") -> None:
+def log_artifact_dir(run: Any, path: str | os.PathLike, name: str, type: str = "model") -> None:
     """Log a directory (an exported drafter: config, safetensors, tokenizer) as a W&B artifact.
     `run` is a wandb Run, or a Lightning WandbLogger (its .experiment is used)."""
     import re
@@ -286,12 +269,11 @@ def log_drafter_artifact(loggers: Iterable[Any], export_dir: str | os.PathLike |
     return done
 
 
-# ---------------------------------------------------------------------------------------------
-# sweeps: parse, expand, the agent's argv, key check
-# ---------------------------------------------------------------------------------------------
+# --- sweeps: validate a file, the agent's argv, compose every point with Hydra ---
 
 
 def load_sweep(path: str | os.PathLike) -> dict:
+    """A conf/sweep/*.yaml spec, refused early when an agent could not run it as a Hydra override list."""
     spec = yaml.safe_load(Path(path).read_text())
     for key in ("program", "method", "metric", "parameters", "command"):
         if key not in spec:
@@ -303,53 +285,10 @@ def load_sweep(path: str | os.PathLike) -> dict:
     return spec
 
 
-def _sample(p: dict, rng: random.Random) -> Any:
-    if "value" in p:
-        return p["value"]
-    if "values" in p:
-        return rng.choice(p["values"])
-    dist = p.get("distribution") or ("int_uniform" if isinstance(p.get("min"), int)
-                                      and isinstance(p.get("max"), int) else "uniform")
-    lo, hi = p["min"], p["max"]
-    if dist == "int_uniform":
-        return rng.randint(int(lo), int(hi))
-    if dist == "uniform":
-        return rng.uniform(float(lo), float(hi))
-    if dist == "log_uniform_values":
-        return math.exp(rng.uniform(math.log(float(lo)), math.log(float(hi))))
-    if dist == "q_log_uniform_values":
-        q = float(p.get("q", 1))
-        return round(math.exp(rng.uniform(math.log(float(lo)), math.log(float(hi)))) / q) * q
-    if dist == "q_uniform":
-        q = float(p.get("q", 1))
-        return round(rng.uniform(float(lo), float(hi)) / q) * q
-    raise ValueError(f"unsupported distribution {dist!r}")
-
-
-def expand_sweep(spec: dict, n: int | None = None, seed: int = 0) -> list[dict]:
-    """Points of the sweep's space: the full grid product (method grid; the first n if given), or n
-    random draws (random; and bayes, whose first proposals are random draws too)."""
-    params = spec["parameters"]
-    if spec["method"] == "grid":
-        for k, p in params.items():
-            if not ("value" in p or "values" in p):
-                raise ValueError(f"grid sweep: parameter {k} needs value or values, not a distribution")
-        keys = list(params)
-        choices = [[params[k]["value"]] if "value" in params[k] else list(params[k]["values"]) for k in keys]
-        pts = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices)]
-        return pts if n is None else pts[:n]
-    rng = random.Random(seed)
-    return [{k: _sample(p, rng) for k, p in params.items()} for _ in range(n or 1)]
-
-
-def grid_size(spec: dict) -> int:
-    return math.prod(1 if "value" in p else len(p["values"]) for p in spec["parameters"].values())
-
-
 def agent_command(spec: dict, point: Mapping[str, Any], interpreter: str = "python") -> list[str]:
     """The argv `wandb agent` runs for this point: the sweep's `command` with ${env}, ${interpreter},
-    ${program} and ${args_no_hyphens} filled in exactly as wandb/wandb_agent.py does (it formats each
-    argument as f"{key}={value}"), using wandb's own create_sweep_command_args."""
+    ${program} and ${args_no_hyphens} filled in by wandb's own create_sweep_command_args, so a value
+    (a list, a bool) is formatted exactly as the agent will format it."""
     from wandb.sdk.launch.sweeps import utils as sweep_utils
 
     sweep_vars = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in point.items()}})
@@ -366,8 +305,28 @@ def agent_command(spec: dict, point: Mapping[str, Any], interpreter: str = "pyth
     return argv
 
 
-def config_name(spec: dict) -> str:
-    return Path(spec["program"]).stem  # train.py -> train, evaluate.py -> evaluate
+def check_points(spec: dict) -> list[dict]:
+    """A few points that between them use every listed value and both ends of every range: enough to
+    catch a value Hydra refuses (a wrong type, a bad list) without sampling the space. Ranges end as
+    the agent sends them: ints for int bounds, floats otherwise, exp() of log-space bounds."""
+    ends: dict[str, list[Any]] = {}
+    for k, p in spec["parameters"].items():
+        if "value" in p:
+            ends[k] = [p["value"]]
+        elif "values" in p:
+            ends[k] = list(p["values"])
+        elif "min" in p and "max" in p:
+            dist = p.get("distribution", "")
+            lo, hi = p["min"], p["max"]
+            if dist in ("log_uniform", "q_log_uniform"):  # min/max are natural logs
+                lo, hi = math.exp(lo), math.exp(hi)
+            elif not (dist in ("", "int_uniform") and isinstance(lo, int) and isinstance(hi, int)):
+                lo, hi = float(lo), float(hi)
+            ends[k] = [lo, hi]
+        else:
+            raise ValueError(f"parameter {k}: use value, values, or min/max")
+    n = max((len(v) for v in ends.values()), default=1)
+    return [{k: v[i % len(v)] for k, v in ends.items()} for i in range(n)]
 
 
 def check_sweep_keys(keys: Iterable[str], compose: Callable[[list[str]], DictConfig]) -> list[str]:
@@ -402,15 +361,17 @@ def hydra_compose(config_dir: str | os.PathLike, name: str) -> Callable[[list[st
     return _compose
 
 
-def check_sweep_file(path: str | os.PathLike, config_dir: str | os.PathLike, n: int = 4) -> list[str]:
-    """Problems with a sweep file: missing keys, and points whose overrides Hydra refuses."""
+def check_sweep_file(path: str | os.PathLike, config_dir: str | os.PathLike) -> list[str]:
+    """Problems with a sweep file: swept keys missing from the base config, and check_points() whose
+    agent argv Hydra refuses. Empty when every run the agent starts will at least compose."""
     spec = load_sweep(path)
-    compose = hydra_compose(config_dir, config_name(spec))
-    problems = [f"{k}: not a key of the {config_name(spec)} config"
+    name = Path(spec["program"]).stem  # train.py -> the train config
+    compose = hydra_compose(config_dir, name)
+    problems = [f"{k}: not a key of the {name} config"
                 for k in check_sweep_keys(spec["parameters"], compose)]
     if problems:
         return problems
-    for pt in expand_sweep(spec, n=n):
+    for pt in check_points(spec):
         args = agent_command(spec, pt)[3:]
         try:
             compose(args)
@@ -419,84 +380,7 @@ def check_sweep_file(path: str | os.PathLike, config_dir: str | os.PathLike, n: 
     return problems
 
 
-# ---------------------------------------------------------------------------------------------
-# reading an offline run back (the .wandb file is a LevelDB-style log of protobuf records)
-# ---------------------------------------------------------------------------------------------
-
-
-def _records(path: Path) -> Iterable[bytes]:
-    data = path.read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path}: not a W&B transaction log")
-    block, i, buf = 32768, 7, b""
-    while i + 7 <= len(data):
-        left = block - i % block
-        if left < 7:
-            i += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[i : i + 7])
-        if kind == 0 and length == 0:  # zero padding to the block end
-            i += left
-            continue
-        chunk = data[i + 7 : i + 7 + length]
-        i += 7 + length
-        if kind == 1:
-            yield chunk
-        elif kind == 2:
-            buf = chunk
-        elif kind == 3:
-            buf += chunk
-        elif kind == 4:
-            yield buf + chunk
-            buf = b""
-
-
-def find_offline_runs(root: str | os.PathLike) -> list[Path]:
-    """Every `offline-run-*` (or `run-*`) directory under root, oldest first."""
-    return sorted({p.parent for p in Path(root).rglob("run-*.wandb")}, key=lambda p: p.name)
-
-
-def read_offline_run(run_dir: str | os.PathLike) -> dict:
-    """{"id", "project", "config", "summary", "history", "artifacts"} of a run directory."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    run_dir = Path(run_dir)
-    files = sorted(run_dir.glob("run-*.wandb"))
-    if not files:
-        raise FileNotFoundError(f"{run_dir}: no run-*.wandb file")
-    out: dict[str, Any] = {"id": None, "project": None, "config": {}, "summary": {}, "history": [], "artifacts": []}
-
-    def key(item) -> str:
-        return item.key or "/".join(item.nested_key)
-
-    def val(item) -> Any:
-        try:
-            return json.loads(item.value_json)
-        except ValueError:
-            return item.value_json
-
-    for raw in _records(files[-1]):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            out["id"], out["project"] = rec.run.run_id, rec.run.project
-            out["config"].update({key(i): val(i) for i in rec.run.config.update})
-        elif kind == "config":
-            out["config"].update({key(i): val(i) for i in rec.config.update})
-        elif kind == "history":
-            out["history"].append({key(i): val(i) for i in rec.history.item})
-        elif kind == "summary":
-            out["summary"].update({key(i): val(i) for i in rec.summary.update})
-        elif kind == "artifact":
-            out["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
-                                     "files": [m.path for m in rec.artifact.manifest.contents]})
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: python -m sparsespec.tracking check conf/sweep/*.yaml | mode | command SWEEP.yaml
-# ---------------------------------------------------------------------------------------------
+# --- CLI, used by scripts/sweep.sh: python -m sparsespec.tracking check conf/sweep/*.yaml | mode ---
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,30 +388,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m sparsespec.tracking", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="check sweep files: keys exist, sampled points compose")
+    c = sub.add_parser("check", help="check sweep files: keys exist, every listed value composes")
     c.add_argument("files", nargs="+")
     c.add_argument("--conf", default=str(Path(__file__).resolve().parents[1] / "conf"))
-    c.add_argument("-n", type=int, default=4, help="points per file to compose")
     sub.add_parser("mode", help="print the W&B mode a run would use (offline unless configured)")
-    s = sub.add_parser("command", help="print the argv an agent would run for sampled points")
-    s.add_argument("file")
-    s.add_argument("-n", type=int, default=2)
-    s.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.cmd == "mode":
         print(wandb_mode_default())
         return 0
-    if args.cmd == "command":
-        import shlex
-
-        spec = load_sweep(args.file)
-        for pt in expand_sweep(spec, n=args.n, seed=args.seed):
-            print(shlex.join(agent_command(spec, pt)))
-        return 0
     bad = 0
     for f in args.files:
         try:
-            problems = check_sweep_file(f, args.conf, n=args.n)
+            problems = check_sweep_file(f, args.conf)
         except (ValueError, OSError, yaml.YAMLError) as e:
             problems = [str(e)]
         print(f"{f}: {'ok' if not problems else 'FAILED'}")

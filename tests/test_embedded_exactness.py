@@ -1,13 +1,10 @@
 """The first law on the real embedded SmolLM2 (not only tiny random models): every method as its
 config ships, run on a book prompt, gives the target's greedy output token for token."""
 
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
-from sparsespec.config import register_configs
+from sparsespec.config import load_method
 from sparsespec.data.pg19 import load_books, select_split
 from sparsespec.decoding.controllers import FixedK
 from sparsespec.decoding.drafters import ModelDrafter
@@ -15,15 +12,12 @@ from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.models.loading import load_model
 from sparsespec.models.runner import CausalLM
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 PROMPT_TOKENS, NEW_TOKENS = 1000, 32
 
 
 def shipped_method(name: str, overrides: list[str]):
-    """conf/method/<name>.yaml composed and instantiated as evaluate.py does."""
-    register_configs()
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return instantiate(compose("evaluate", overrides=[f"method={name}", *overrides]).method)
+    """conf/method/<name>.yaml composed and checked as evaluate.py does."""
+    return load_method(name, overrides)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def smollm2():
 @pytest.mark.parametrize("name,over", [
     ("magicdec", ["method.ratio=null", "method.budget=64"]),
     ("sparsespec_l", ["method.ratio=0.05"]),
-    ("sparsespec_l", ["method.ratio=0.05", "method.refresh_every=4", "method.candidates=[1,2,3]"]),
+    ("sparsespec_l", ["method.ratio=0.05", "method.refresh_every=4", "method.controller.candidates=[1,2,3]"]),
     ("snapkv_self", ["method.ratio=0.05"]),
     ("lookup", []),
 ])

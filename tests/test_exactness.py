@@ -6,29 +6,35 @@ import torch
 from conftest import random_prompt, tiny_lm
 
 from sparsespec.decoding.controllers import EntropyController, FixedK
-from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
+from sparsespec.decoding.drafters import DecodeState, ModelDrafter, PromptLookup, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kv.policies import FullKV, StreamingKV
 from sparsespec.kv.recall import RecallIndex
-from sparsespec.kv.views import FullView, StreamingView
 
 
 def drafters(family):
     small = tiny_lm(family, seed=7, layers=1)
     return {
-        "self_full": lambda: SelfDrafter(FullView()),
-        "magicdec_b24": lambda: SelfDrafter(StreamingView(budget=24, k_sink=4)),
-        "magicdec_r10": lambda: SelfDrafter(StreamingView(ratio=0.10, k_sink=2)),
+        "self_full": lambda: SelfDrafter(FullKV()),
+        "magicdec_b24": lambda: SelfDrafter(StreamingKV(budget=24, k_sink=4)),
+        "magicdec_r10": lambda: SelfDrafter(StreamingKV(ratio=0.10, k_sink=2)),
         "recall_r10_w16": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, window=16)),
         "recall_r30_w4": lambda: SelfDrafter(RecallIndex(ratio=0.30, k_sink=4, k_recent=8, window=4)),
         "recall_r10_every3": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, refresh_every=3)),
         "snapkv": lambda: SelfDrafter(RecallIndex(budget=32, k_sink=4, k_recent=8, refresh=False)),
-        "sd": lambda: ModelDrafter(small, FullView()),
-        "sd_sparse_b16": lambda: ModelDrafter(small, StreamingView(budget=16, k_sink=2), prefill_chunk=50),
+        "sd": lambda: ModelDrafter(small, FullKV()),
+        "sd_sparse_b16": lambda: ModelDrafter(small, StreamingKV(budget=16, k_sink=2), prefill_chunk=50),
         # unigrams recur in a 64-token vocabulary, so these really draft by lookup (asserted below)
-        "lookup1": lambda: LookupDrafter(1),
-        "lookup1_sd_sparse": lambda: LookupDrafter(1, ModelDrafter(small, StreamingView(budget=16, k_sink=2))),
-        "lookup1_recall": lambda: LookupDrafter(1, SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4))),
+        "lookup1": lambda: (None, PromptLookup(1)),
+        "lookup1_sd_sparse": lambda: (ModelDrafter(small, StreamingKV(budget=16, k_sink=2)), PromptLookup(1)),
+        "lookup1_recall": lambda: (SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4)), PromptLookup(1)),
     }
+
+
+def engine(target, made, controller) -> SpeculativeEngine:
+    """An engine from a factory's drafter, or its (drafter, prompt lookup) pair."""
+    drafter, lookup = made if isinstance(made, tuple) else (made, None)
+    return SpeculativeEngine(target, drafter, controller, lookup=lookup)
 
 
 FAMILY_PROMPTS = [("llama", 120, 0), ("qwen2", 333, 1), ("qwen3", 200, 2)]
@@ -42,12 +48,12 @@ def test_greedy_identical_to_ar(family, prompt_len, seed):
     assert ar.new_tokens == 40
     for name, make in drafters(family).items():
         for k in (1, 5):
-            res = SpeculativeEngine(target, make(), FixedK(k)).generate(prompt, 40)
+            res = engine(target, make(), FixedK(k)).generate(prompt, 40)
             assert res.output_ids == ar.output_ids, f"{family} {name} k={k}"
             assert res.drafted >= res.accepted and res.verify_steps < 40
             if name.startswith("lookup"):  # the lookup path really drafted (the test has power)
                 assert res.extra["lookup_rounds"] > 0, f"{family} {name}"
-        res = SpeculativeEngine(target, make(), EntropyController(candidates=(2, 4, 8))).generate(prompt, 40)
+        res = engine(target, make(), EntropyController(candidates=(2, 4, 8))).generate(prompt, 40)
         assert res.output_ids == ar.output_ids, f"{family} {name} entropy controller"
 
 
@@ -58,7 +64,7 @@ def test_lookup_drafts_are_accepted_and_exact():
     for family, prompt_len, seed in FAMILY_PROMPTS:
         target, prompt = tiny_lm(family), random_prompt(prompt_len, seed=seed)
         ar = SpeculativeEngine(target).generate(prompt, 40)
-        res = SpeculativeEngine(target, LookupDrafter(1), FixedK(5)).generate(prompt, 40)
+        res = SpeculativeEngine(target, None, FixedK(5), lookup=PromptLookup(1)).generate(prompt, 40)
         assert res.output_ids == ar.output_ids, family
         assert res.draft_steps == 0 and res.gamma == 0.0  # a copy runs no model: no draft cost ratio
         accepted[family] = res.accepted
@@ -70,17 +76,18 @@ def test_lookup_rounds_do_not_train_the_controller():
     sizes; a copied draft has neither, so only the fallback's rounds reach it."""
     target, prompt = tiny_lm("llama"), random_prompt(120, seed=0)
     controller = EntropyController(candidates=(2, 4))
-    drafter = LookupDrafter(1, SelfDrafter(StreamingView(budget=24, k_sink=4)))
-    res = SpeculativeEngine(target, drafter, controller).generate(prompt, 40)
+    drafter = SelfDrafter(StreamingKV(budget=24, k_sink=4))
+    res = SpeculativeEngine(target, drafter, controller, lookup=PromptLookup(1)).generate(prompt, 40)
     assert res.extra["lookup_rounds"] > 0 and res.extra["fallback_rounds"] > 0
     assert len(controller.chosen) == res.extra["fallback_rounds"] < len(res.rounds)
     # a copy is capped at the lookup's own k, not at the controller's largest candidate
-    capped = SpeculativeEngine(target, LookupDrafter(1, k=3), EntropyController(candidates=(2, 8))).generate(prompt, 40)
+    capped = SpeculativeEngine(target, None, EntropyController(candidates=(2, 8)), lookup=PromptLookup(1, k=3)
+                               ).generate(prompt, 40)
     assert capped.output_ids == res.output_ids and max(d for d, _ in capped.rounds) == 3
 
 
 def test_lookup_drafts_what_followed_the_latest_earlier_ngram():
-    two, one = LookupDrafter(2), LookupDrafter(1)
+    two, one = PromptLookup(2), PromptLookup(1)
     assert two.lookup([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert two.lookup([1, 2, 9, 1, 2, 8, 1, 2], 2) == [8, 1]  # the latest occurrence wins
     assert two.lookup([5, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # a copy past the end repeats itself
@@ -92,7 +99,7 @@ def test_self_drafter_with_full_view_is_always_accepted():
     """Drafting from the exact cache reproduces the target: acceptance must be 1 (this would
     drop if drafting corrupted the cache or positions)."""
     target = tiny_lm("llama")
-    res = SpeculativeEngine(target, SelfDrafter(FullView()), FixedK(5)).generate(random_prompt(100), 31)
+    res = SpeculativeEngine(target, SelfDrafter(FullKV()), FixedK(5)).generate(random_prompt(100), 31)
     assert res.acceptance_rate == 1.0
     assert res.mean_accepted_tokens == pytest.approx(6.0)
 
@@ -104,8 +111,8 @@ def test_budget_covering_context_equals_full_cache():
     cache = target.new_cache()
     target.prefill(prompt, cache)
     nxt = torch.tensor([5])
-    view = StreamingView(budget=500, k_sink=4)
-    assert view.select(cache.length, target.n_layers, target.n_kv_heads) is None
+    view = StreamingKV(budget=500, k_sink=4)
+    assert view.select(DecodeState(target, cache, prompt.tolist(), 80)) is None
     # force the gather path with every index: the compact copy must be exact
     idx = torch.arange(80).expand(target.n_layers, target.n_kv_heads, 80)
     compact = cache.gather(idx)
@@ -125,7 +132,7 @@ def test_eos_stops_like_ar():
     ar = SpeculativeEngine(target).generate(prompt, 30, eos_token_ids=(eos,))
     stop = ar_full.output_ids.index(eos) + 1
     assert ar.output_ids == ar_full.output_ids[:stop]
-    res = SpeculativeEngine(target, SelfDrafter(FullView()), FixedK(6)).generate(prompt, 30, eos_token_ids=(eos,))
+    res = SpeculativeEngine(target, SelfDrafter(FullKV()), FixedK(6)).generate(prompt, 30, eos_token_ids=(eos,))
     assert res.output_ids == ar.output_ids
 
 
@@ -153,6 +160,6 @@ def test_model_drafter_that_is_the_target_is_always_accepted(family, k):
     after a rejection, a missed catch-up token, a draft fed twice), which exactness alone hides."""
     lm = tiny_lm(family)
     prompt = random_prompt(40, seed=3)
-    res = SpeculativeEngine(lm, ModelDrafter(lm, FullView()), FixedK(k)).generate(prompt, 30)
+    res = SpeculativeEngine(lm, ModelDrafter(lm, FullKV()), FixedK(k)).generate(prompt, 30)
     assert res.output_ids == SpeculativeEngine(lm).generate(prompt, 30).output_ids
     assert res.acceptance_rate == 1.0 and all(a == d for d, a in res.rounds)

@@ -271,8 +271,11 @@ def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "ctx longer than the documents": (["ctx=1900"], "shorter than ctx=1900"),
         "ctx not a length": (["ctx=lots"], "ctx='lots'"),
         "method.budget=0": (["method=magicdec", "method.budget=0"], "method.budget=0"),
-        "method.k=0": (["method=magicdec", "method.k=0"], "method.k=0"),
-        "method.k=-3": (["method=sparsespec_l", "method.k=-3"], "method.k=-3"),
+        "method.controller.k=0": (["method=magicdec", "method.controller.k=0"], "method.controller: k=0"),
+        "a zero candidate draft length": (["method=sparsespec_l", "method.controller.candidates=[0]"],
+                                             "method.controller: candidates=[0]"),
+        "a _target_ that cannot be imported": (["method=magicdec", "method.drafter._target_=nosuch.Drafter"],
+                                               "method.drafter._target_='nosuch.Drafter' cannot be imported"),
         "drafter with another tokenizer": (["method=sd", f"drafter.path={env['other']}"],
                                            "tokenizer differs from the target's"),
         "small-model method without drafter": (["method=sd_sparse"], "drafter.path=DIR"),
@@ -327,15 +330,15 @@ def test_resume_skips_finished_pairs_and_repairs_a_torn_line(env, tmp_path):
     data = (out / "results.jsonl").read_bytes()
     with pytest.raises(EvaluationError, match="gen.max_new_tokens=10 before, 12 now"):
         run_inproc(env, out, "limit=3", "gen.max_new_tokens=12")
-    with pytest.raises(EvaluationError, match="method.k=4 before, 6 now"):
-        run_inproc(env, out, "limit=3", "method=magicdec", "method.k=6")
+    with pytest.raises(EvaluationError, match="method.controller.k=4 before, 6 now"):
+        run_inproc(env, out, "limit=3", "method=magicdec", "method.controller.k=6")
     assert (out / "results.jsonl").read_bytes() == data
 
 
 def test_rerun_after_sigkill_has_no_duplicate_and_no_missing_row(env, tmp_path):
     out = tmp_path / "killed"
     # 5 samples x 2 methods: the first line lands well before the end
-    extra = ("method=magicdec", "method.k=1", "limit=5", "gen.max_new_tokens=12")
+    extra = ("method=magicdec", "method.controller.k=1", "limit=5", "gen.max_new_tokens=12")
     proc = subprocess.Popen(evaluate_cmd(env, out, *extra), cwd=ROOT, env=sub_env(tmp_path),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     results = out / "results.jsonl"

@@ -20,13 +20,14 @@ def test_estimate_covers_the_measured_cache_and_recall_index(monkeypatch):
     monkeypatch.setattr(target, "new_cache", lambda cap=256: caches.append(real_new_cache(cap)) or caches[-1])
     view = RecallIndex(ratio=0.1, k_sink=4, k_recent=8, window=16)
     SpeculativeEngine(target, SelfDrafter(view), FixedK(4)).generate(prompt, new)
-    method = Method(name="sparsespec_l", drafter="self", view="recall", controller="fixed", ratio=0.1, k_sink=4,
-                    k_recent=8)
+    policy = {"_target_": "sparsespec.kv.recall.RecallIndex", "ratio": 0.1, "k_sink": 4, "k_recent": 8}
+    method = Method(name="sparsespec_l", drafter={"_target_": "sparsespec.decoding.drafters.SelfDrafter",
+                                                  "policy": policy})
     est = memory.estimate_bytes(target, len(prompt) + new, [method], None, chunk=1024)
     kv = caches[0].nbytes()
     assert kv <= est["target_kv"] <= 1.1 * kv  # the cache the engine allocated, within 10%
     index = view._rows.nbytes + view._sum.nbytes
-    assert index <= est["recall_index"] <= 1.5 * index
+    assert index <= est["kv_policy"] <= 1.5 * index
     assert est["total"] >= kv + index
 
 

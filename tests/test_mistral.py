@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, MistralConfig, PreTrainedTokenize
 from sparsespec.decoding.controllers import EntropyController, FixedK
 from sparsespec.decoding.drafters import ModelDrafter, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kv.policies import StreamingKV
 from sparsespec.kv.recall import RecallIndex
-from sparsespec.kv.views import StreamingView
 from sparsespec.models.loading import ModelLoadError, load_model
 from sparsespec.models.runner import CausalLM, UnsupportedModelError, applied_sliding_window
 
@@ -141,7 +141,7 @@ def test_greedy_identical_to_transformers_generate(window):
     assert SpeculativeEngine(target).generate(prompt, 24).output_ids == expected
     small = CausalLM(mistral_hf(seed=7, layers=1))  # a windowed (4096) drafter model
     for name, make in {
-        "magicdec": lambda: (SelfDrafter(StreamingView(budget=12, k_sink=2)), FixedK(3)),
+        "magicdec": lambda: (SelfDrafter(StreamingKV(budget=12, k_sink=2)), FixedK(3)),
         "recall_entropy": lambda: (SelfDrafter(RecallIndex(budget=12, k_sink=2, k_recent=4, window=4)),
                                    EntropyController(candidates=(2, 4))),
         "sd": lambda: (ModelDrafter(small), FixedK(3)),
@@ -204,7 +204,7 @@ def test_causal_lm_refuses_to_run_past_the_window():
     short = prompt[:10]
     expected = hf_greedy(hf, short, 7)
     assert SpeculativeEngine(lm).generate(short, 7).output_ids == expected
-    res = SpeculativeEngine(lm, SelfDrafter(StreamingView(budget=6, k_sink=1)), FixedK(3)).generate(short, 7)
+    res = SpeculativeEngine(lm, SelfDrafter(StreamingKV(budget=6, k_sink=1)), FixedK(3)).generate(short, 7)
     assert res.output_ids == expected
 
 

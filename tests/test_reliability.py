@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from sparsespec.config import ConfigError, register_configs, validate_evaluate_config, validate_train_config
 from sparsespec.decoding.drafters import ModelDrafter
 from sparsespec.decoding.sampling import Sampling
-from sparsespec.kv.views import StreamingView
+from sparsespec.kv.policies import StreamingKV
 from sparsespec.models.runner import CausalLM
 from sparsespec.training.data import DraftDataModule, ResumableLoader
 from sparsespec.training.teacher import Teacher, TeacherCacheError, model_fingerprint
@@ -79,15 +79,17 @@ EVAL_BAD = [
     (["method.ratio=0"], "method.ratio", "(0, 1]"),
     (["method=magicdec", "method.ratio=null", "method.budget=8"], "method.budget", "k_sink + k_recent"),
     (["method.budget=70", "method.ratio=null"], "method.budget", "k_sink + k_recent = 80"),
-    (["method.k=0"], "method.k", "positive"),
-    (["method=ar", "method.k=-1"], "method.k", "positive"),
-    (["method.window=0"], "method.window", ">= 1"),
-    (["method.refresh_every=0"], "method.refresh_every", ">= 1"),
-    (["method.lookup=-2"], "method.lookup", ">= 0"),
-    (["method=lookup", "method.lookup=0"], "method.lookup", ">= 1 for drafter=lookup"),
-    (["method.controller=greedy"], "method.controller", "fixed, entropy"),
-    (["method.view=sliding"], "method.view", "full, streaming, snapkv, recall"),
-    (["method.beta=1.0"], "method.beta", "[0, 1)"),
+    (["method=magicdec", "method.controller.k=0"], "method.controller: k=0", "positive"),
+    (["method=lookup", "method.controller.k=-1"], "method.controller: k=-1", "positive"),
+    (["method.window=0"], "method.window=0", "a positive integer"),
+    (["method.refresh_every=0"], "method.refresh_every=0", "a positive integer"),
+    (["method.lookup=-2"], "method.lookup=-2", ">= 1, or 0"),
+    (["method.controller.beta=1.0"], "method.controller: beta=1.0", "[0, 1)"),
+    (["method.controller.candidates=[]"], "method.controller: candidates=[]", "positive draft lengths"),
+    (["method.drafter.policy._target_=nosuch.Policy"], "method.drafter.policy._target_='nosuch.Policy'",
+     "cannot be imported"),
+    (["method=sd", "+method.drafter.policy={_target_:sparsespec.kv.recall.RecallIndex}"], "RecallIndex",
+     "works with SelfDrafter"),
     (["gen.temperature=-0.5"], "gen.temperature", ">= 0"),
     (["gen.top_p=0"], "gen.top_p", "(0, 1]"),
     (["gen.top_p=1.01"], "gen.top_p", "(0, 1]"),
@@ -115,7 +117,8 @@ def test_evaluate_config_errors_name_the_key(ovr, key, allowed):
     assert key in str(e.value) and allowed in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("ovr,key", [(["method.ratio=high"], "method.ratio"), (["method.controler=fixed"], "controler"),
+@pytest.mark.parametrize("ovr,key", [(["method=ar", "method.ratio=0.5"], "method.ratio"),
+                                     (["method.controler.k=2"], "controler"), (["method/controller=greedy"], "greedy"),
                                      (["gen.temprature=1"], "gen.temprature")])
 def test_evaluate_compose_rejects_unknown_keys_and_types(ovr, key):
     # the method schema (ConfigStore) and Hydra's struct mode reject these while composing
@@ -397,7 +400,7 @@ def test_damaged_teacher_shards_are_detected_and_rebuilt(env, tmp_path):
 
 
 METHODS = ["ar", "sd", "sd_sparse", "magicdec", "snapkv_self", "sparsespec_l"]
-SMALL = {"sd_sparse": ["method.budget=48"], "sparsespec_l": ["method.candidates=[2,4,6]"]}  # tiny-model sizes
+SMALL = {"sd_sparse": ["method.budget=48"], "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}  # tiny sizes
 
 
 def _methods():
@@ -413,7 +416,7 @@ def test_generation_is_deterministic_for_every_method():
     prompt = random_prompt(128, seed=4)
     methods = _methods()
     assert isinstance(methods["sd"].build(target, drafter).drafter, ModelDrafter)
-    assert isinstance(methods["magicdec"].make_view(), StreamingView)
+    assert isinstance(methods["magicdec"].policy(), StreamingKV)
     for name, m in methods.items():
         def gen(sampling, seed, m=m):
             # a fresh engine each time, as the harness builds one per (sample, method, repeat)
@@ -435,8 +438,10 @@ from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method
 from sparsespec.models.runner import CausalLM
 torch.set_num_threads(1)
-m = Method(name="sparsespec_l", drafter="self", view="recall", controller="entropy", ratio=0.1, k_recent=16,
-           candidates=[2, 4, 6])
+m = Method(name="sparsespec_l",
+           drafter={"_target_": "sparsespec.decoding.drafters.SelfDrafter",
+                    "policy": {"_target_": "sparsespec.kv.recall.RecallIndex", "ratio": 0.1, "k_recent": 16}},
+           controller={"_target_": "sparsespec.decoding.controllers.EntropyController", "candidates": [2, 4, 6]})
 res = m.build(CausalLM(tiny_hf("llama", seed=0))).generate(random_prompt(200, seed=4), 32, Sampling(0.8, 0.9), seed=11)
 print(json.dumps(res.output_ids))
 """
@@ -469,7 +474,7 @@ def test_soak_script_smoke(env, tmp_path):
     out = tmp_path / "soak"
     report = soak.main(["--model-path", str(env["model_dir"]), "--ctx", "256", "--new-tokens", "24",
                         "--text", str(text), "--out", str(out), "--interval", "0.05",
-                        "--set", "method.candidates=[2,4]"])
+                        "--set", "method.controller.candidates=[2,4]"])
     data = json.loads((out / "soak.json").read_text())
     assert (out / "soak.png").stat().st_size > 0
     run = data["runs"][0]

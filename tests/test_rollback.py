@@ -8,36 +8,25 @@ import torch
 from conftest import random_prompt, tiny_lm
 
 from sparsespec.decoding.controllers import FixedK
-from sparsespec.decoding.drafters import ModelDrafter, Proposal
+from sparsespec.decoding.drafters import Drafter, ModelDrafter, Proposal
 from sparsespec.decoding.engine import SpeculativeEngine
-from sparsespec.kv.views import StreamingView
+from sparsespec.kv.policies import StreamingKV
 
 
 @dataclass
-class ScriptedDrafter:
-    """Proposes the AR continuation's next `good` tokens, then wrong ones."""
+class ScriptedDrafter(Drafter):
+    """Proposes the AR continuation's next `good` tokens, then wrong ones (every other hook: the
+    base's no-op)."""
 
     reference: list[int]
     good: int
     k: int
-
-    def prefill_capture(self):
-        return None
-
-    def verify_capture(self):
-        return None
-
-    def start(self, state):
-        pass
 
     def propose(self, state, controller, sampling, gen):
         done = len(state.tokens) - state.prompt_len
         right = self.reference[done : done + self.k]
         toks = [t if i < self.good else (t + 1) % 61 for i, t in enumerate(right)]
         return Proposal(toks, None, [0.0] * len(toks), steps=len(toks))
-
-    def accepted(self, state, n):
-        pass
 
 
 @pytest.mark.parametrize("good", [0, 1, 2, 3, 4])
@@ -64,13 +53,13 @@ def engine_cache(target, prompt, ar, good):
     """Run the engine and return the target cache it ends with."""
     seen = {}
     drafter = ScriptedDrafter(ar, good, 4)
-    orig = drafter.accepted
+    orig = drafter.on_verified
 
     def spy(state, n):
         seen["cache"] = state.cache
         orig(state, n)
 
-    drafter.accepted = spy
+    drafter.on_verified = spy
     SpeculativeEngine(target, drafter, FixedK(4)).generate(prompt, 16)
     return seen["cache"]
 
@@ -81,7 +70,7 @@ def test_model_drafter_cache_rolls_back(budget):
     torch.manual_seed(3)  # a perturbed copy of the target: agrees often, not always
     for p in small.hf.parameters():
         p.data += 0.08 * torch.randn_like(p)
-    view = StreamingView(budget=budget, k_sink=2) if budget else StreamingView(ratio=1.0, k_sink=0)
+    view = StreamingKV(budget=budget, k_sink=2) if budget else StreamingKV(ratio=1.0, k_sink=0)
     drafter = ModelDrafter(small, view)
     prompt = random_prompt(70, seed=9)
     res = SpeculativeEngine(target, drafter, FixedK(5)).generate(prompt, 30)

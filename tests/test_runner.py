@@ -5,7 +5,8 @@ import torch
 from conftest import random_prompt, tiny_hf
 
 from sparsespec.kv.cache import KVCache
-from sparsespec.models.attention import attend, attention_mass, causal_block_mask
+from sparsespec.kv.capture import attention_mass, causal_block_mask
+from sparsespec.models.attention import attend
 from sparsespec.models.runner import CausalLM
 
 

@@ -5,12 +5,12 @@ import torch
 from conftest import random_prompt, tiny_lm
 
 from sparsespec.decoding.controllers import EntropyController, FixedK
-from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
+from sparsespec.decoding.drafters import ModelDrafter, PromptLookup, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_speculative
+from sparsespec.kv.policies import StreamingKV
 from sparsespec.kv.recall import RecallIndex
-from sparsespec.kv.views import StreamingView
 
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,15 +86,17 @@ def test_engine_sampling_matches_target_marginals(family):
     exact = exact_marginals(target, prompt, steps, sampling)
     draft_exact = exact_marginals(drafter, prompt, steps, sampling)
     assert max(tv(a, b) for a, b in zip(exact, draft_exact, strict=True)) > 0.15  # the test has power
-    # LookupDrafter(1): with 6 tokens every unigram recurs, so it drafts deterministically (one-hot q)
+    # PromptLookup(1): with 6 tokens every unigram recurs, so it drafts deterministically (one-hot q)
     recall = (lambda: SelfDrafter(RecallIndex(budget=5, k_sink=1, k_recent=2, window=2)),
               lambda: EntropyController(candidates=(1, 2, 3)))
+    lookup = (lambda: None, lambda: FixedK(2))
     for make, control in ((lambda: ModelDrafter(drafter), lambda: FixedK(2)),
-                          (lambda: SelfDrafter(StreamingView(budget=6, k_sink=1)), lambda: FixedK(2)),
-                          recall, (lambda: LookupDrafter(1), lambda: FixedK(2))):
+                          (lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1)), lambda: FixedK(2)),
+                          recall, lookup):
         counts = torch.zeros(steps, V)
         for seed in range(n):
-            res = SpeculativeEngine(target, make(), control()).generate(prompt, steps, sampling, seed=seed)
+            copy = PromptLookup(1) if make is lookup[0] else None
+            res = SpeculativeEngine(target, make(), control(), lookup=copy).generate(prompt, steps, sampling, seed=seed)
             for i, t in enumerate(res.output_ids):
                 counts[i, t] += 1
         for i in range(steps):

@@ -9,8 +9,8 @@ from conftest import random_prompt, tiny_hf
 from sparsespec.decoding.controllers import EntropyController, FixedK, RoundStats
 from sparsespec.decoding.drafters import SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kv.policies import StreamingKV
 from sparsespec.kv.recall import RecallIndex
-from sparsespec.kv.views import StreamingView
 from sparsespec.models.runner import CausalLM
 
 
@@ -46,13 +46,15 @@ def test_recall_index_equals_brute_force_topk(family, window, refresh, every):
     length = len(prompt) + res.new_tokens - 1  # the target cache: all but the pending token
     if refresh:
         ref = brute_force_scores(hf, tokens, length, window)
-        torch.testing.assert_close(view.score(length), ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(view.score(SimpleNamespace(cache=cache)), ref, atol=1e-4, rtol=1e-4)
         scores = ref
     else:  # static: the last W prompt queries only
         ref = brute_force_scores(hf, prompt, len(prompt), window)
-        torch.testing.assert_close(view.score(len(prompt)), ref, atol=1e-4, rtol=1e-4)
+        at_prompt = SimpleNamespace(cache=SimpleNamespace(length=len(prompt)))
+        torch.testing.assert_close(view.score(at_prompt), ref, atol=1e-4, rtol=1e-4)
         scores = torch.cat([ref, torch.zeros(*ref.shape[:2], length - len(prompt))], -1)
-    idx = view.select(length, target.n_layers, target.n_kv_heads)
+    assert cache.length == length
+    idx = view.select(SimpleNamespace(cache=cache))
     middle = scores[..., 4 : length - 8]
     top = middle.topk(40 - 12, dim=-1).indices + 4
     expect = torch.cat([torch.arange(4).expand(*top.shape[:2], 4), top,
@@ -64,7 +66,7 @@ def test_recall_index_equals_brute_force_topk(family, window, refresh, every):
 def test_index_refresh_adds_no_target_forward():
     target = CausalLM(tiny_hf("llama"))
     prompt = random_prompt(200, seed=1)
-    for view in (RecallIndex(ratio=0.1, k_sink=4, k_recent=8), StreamingView(ratio=0.1, k_sink=4)):
+    for view in (RecallIndex(ratio=0.1, k_sink=4, k_recent=8), StreamingKV(ratio=0.1, k_sink=4)):
         target.forward_calls = 0
         res = SpeculativeEngine(target, SelfDrafter(view), FixedK(4), prefill_chunk=128).generate(prompt, 20)
         prefill_chunks = 2

@@ -1,10 +1,12 @@
 """W&B sweeps, the Optuna search and offline W&B logging, without a W&B server.
 
-Every conf/sweep/*.yaml is parsed and its space expanded; for two points per file the exact argv a
-`wandb agent` builds (wandb's own create_sweep_command_args, `${args_no_hyphens}`) runs train.py or
-evaluate.py on a tiny model, two agents at once, each with its own WANDB_RUN_ID. Each must exit 0,
-write into its own out_dir named by the run id, and log the sweep's metric to an offline W&B run
-that is read back from its run-<id>.wandb file. The Optuna search runs two trials.
+Every conf/sweep/*.yaml is parsed and points are drawn from its space (sweep_points.py: the installed
+wandb leaves that to its server); for two points per file the exact argv a `wandb agent` builds
+(wandb's own create_sweep_command_args, `${args_no_hyphens}`) runs train.py or evaluate.py on a tiny
+model, two agents at once, each with its own WANDB_RUN_ID. Each must exit 0, write into its own
+out_dir named by the run id, open an offline W&B run, and hand the sweep's metric to W&B; what it
+hands over is recorded by sweep_record.py around the public wandb.Run methods. The Optuna search
+runs two trials.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import sweep_points
 import yaml
 from omegaconf import OmegaConf
 from test_training import make_env
@@ -27,6 +30,7 @@ from sparsespec import tracking
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 SWEEPS = sorted((CONF / "sweep").glob("*.yaml"))
+RECORDER = Path(__file__).resolve().parent / "sweep_record.py"
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +52,10 @@ def tiny_overrides(program: str, tiny: dict) -> dict:
 
 
 def agent_env(tmp: Path, run_id: str, mode: str | None) -> dict:
-    """The environment a `wandb agent` child gets: WANDB_RUN_ID set; W&B not configured here."""
+    """The environment a `wandb agent` child gets: WANDB_RUN_ID set; W&B not configured here. Under
+    sweep_record.py the run's W&B calls are recorded to tmp/wandb-<run id>.json."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_RUN_ID=run_id, WANDB_DIR=str(tmp / "wandb_dir"), WANDB_CONFIG_DIR=str(tmp / "wandb_cfg"),
+    env.update(WANDB_RUN_ID=run_id, SWEEP_RECORD=str(tmp / f"wandb-{run_id}.json"), WANDB_DIR=str(tmp / "wandb_dir"), WANDB_CONFIG_DIR=str(tmp / "wandb_cfg"),
                WANDB_CACHE_DIR=str(tmp / "wandb_cache"), NETRC=str(tmp / "no-netrc"),
                SPARSESPEC_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -58,6 +63,23 @@ def agent_env(tmp: Path, run_id: str, mode: str | None) -> dict:
     if mode:
         env["WANDB_MODE"] = mode
     return env
+
+
+def recorded(argv: list[str]) -> list[str]:
+    """`python PROGRAM ARGS` as `python sweep_record.py PROGRAM ARGS`: the same run, its W&B calls recorded."""
+    i = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+    return [*argv[:i], str(RECORDER), *argv[i:]]
+
+
+def wandb_record(tmp: Path, run_id: str) -> dict:
+    """What the run handed to W&B: id, project, config, summary, history (one dict per log call, media
+    as {"_type": "Table"}), artifacts (name, type, files)."""
+    return json.loads((tmp / f"wandb-{run_id}.json").read_text())
+
+
+def offline_run_dirs(out: Path) -> list[Path]:
+    """The offline runs W&B wrote under out_dir (what `wandb sync` uploads): offline-run-<time>-<id>."""
+    return sorted(out.glob("wandb/offline-run-*"))
 
 
 def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
@@ -70,7 +92,7 @@ def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
         assert argv[:3] == ["/usr/bin/env", "python", spec["program"]]
         assert argv[3:] == [f"{k}={v}" for k, v in pt.items()]  # args_no_hyphens: key=value, unchanged
         log = open(tmp / f"agent{i}.log", "w")  # noqa: SIM115
-        procs.append((pt, run_id, log, subprocess.Popen(argv, cwd=tmp, env=agent_env(tmp, run_id, ("offline", None)[i % 2]),
+        procs.append((pt, run_id, log, subprocess.Popen(recorded(argv), cwd=tmp, env=agent_env(tmp, run_id, ("offline", None)[i % 2]),
                                                          stdout=log, stderr=subprocess.STDOUT)))
     out = []
     for pt, run_id, log, p in procs:
@@ -80,10 +102,10 @@ def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
     return out
 
 
-def sweep_points(path: Path, tiny: dict, n: int = 2) -> tuple[dict, list[dict]]:
+def agent_points(path: Path, tiny: dict, n: int = 2) -> tuple[dict, list[dict]]:
     spec = tracking.load_sweep(path)
     extra = tiny_overrides(spec["program"], tiny)
-    points = [{**pt, **extra} for pt in tracking.expand_sweep(spec, n=n, seed=1)]
+    points = [{**pt, **extra} for pt in sweep_points.sample(spec, n=n, seed=1)]
     return spec, points
 
 
@@ -105,7 +127,7 @@ def test_sweep_files_parse_and_expand():
         # every run gets its own directory: the W&B run id (set by the agent) is in out_dir
         assert "${oc.env:WANDB_RUN_ID}" in spec["parameters"]["out_dir"]["value"]
         assert spec["parameters"]["logger"]["value"] == "wandb"
-        pts = tracking.expand_sweep(spec, n=25, seed=0)
+        pts = sweep_points.sample(spec, n=25, seed=0)
         for pt in pts:
             assert set(pt) == set(spec["parameters"])
             for k, p in spec["parameters"].items():
@@ -116,11 +138,21 @@ def test_sweep_files_parse_and_expand():
                 else:
                     assert p["min"] <= pt[k] <= p["max"], (k, pt[k])
         if spec["method"] == "grid":
-            everything = tracking.expand_sweep(spec)
-            assert len(everything) == tracking.grid_size(spec) > 1
+            everything = sweep_points.grid(spec)
+            size = math.prod(1 if "value" in p else len(p["values"]) for p in spec["parameters"].values())
+            assert len(everything) == size > 1
             assert len({json.dumps(p, sort_keys=True) for p in everything}) == len(everything)
         else:
             assert len({json.dumps(p, sort_keys=True) for p in pts}) > 1  # really sampled
+        # what `check` composes: every listed value and both ends of every range, as the agent sends them
+        checked = tracking.check_points(spec)
+        for k, p in spec["parameters"].items():
+            seen = [pt[k] for pt in checked]
+            if "value" in p or "values" in p:
+                assert all(v in seen for v in p.get("values", [p.get("value")])), k
+            else:
+                assert math.isclose(min(seen), p["min"]) and math.isclose(max(seen), p["max"]), k
+                assert all(isinstance(v, float) for v in seen), k  # uniform / log_uniform_values: floats
     assert programs == {"train.py", "evaluate.py"}
     assert methods >= {"bayes", "random", "grid"}
 
@@ -129,7 +161,8 @@ def test_sweep_files_parse_and_expand():
     swept = set(train["parameters"])
     assert {"budget.values", "optim.lr", "drafter.n_layers"} <= swept and {"loss.acc", "loss.kl"} <= swept
     sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
-    assert {f"method.{k}" for k in ("ratio", "window", "k_sink", "k_recent", "candidates", "beta")} <= set(sl["parameters"])
+    assert {f"method.{k}" for k in ("ratio", "window", "k_sink", "k_recent", "controller.candidates",
+                                    "controller.beta")} <= set(sl["parameters"])
     assert sl["metric"]["name"] == "speedup"
 
 
@@ -141,7 +174,7 @@ def test_agent_command_matches_wandb_formatting():
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_swept_key_exists_and_points_compose(path):
-    problems = tracking.check_sweep_file(path, CONF, n=4)
+    problems = tracking.check_sweep_file(path, CONF)
     assert problems == []
 
 
@@ -181,7 +214,7 @@ def test_wandb_mode_default(tmp_path):
 
 @pytest.fixture(scope="module")
 def train_sweep_runs(tiny):
-    spec, points = sweep_points(CONF / "sweep" / "budgetdraft.yaml", tiny)
+    spec, points = agent_points(CONF / "sweep" / "budgetdraft.yaml", tiny)
     tmp = tiny["root"] / "train_sweep"
     tmp.mkdir()
     return spec, tmp, run_agent_points(spec, points, tmp)
@@ -197,14 +230,16 @@ def test_train_sweep_points_run_and_log_metric(train_sweep_runs):
         dirs.add(out)
         final = json.loads((out / "metrics.json").read_text())["final"]
         assert (out / "drafter" / "config.json").is_file() and (out / "checkpoints" / "last.ckpt").is_file()
-        # the W&B offline run (WANDB_MODE=offline for one, unset -> offline default for the other)
-        wruns = tracking.find_offline_runs(out)
-        assert len(wruns) == 1 and wruns[0].name.startswith("offline-run-") and wruns[0].name.endswith(r["run_id"])
-        wb = tracking.read_offline_run(wruns[0])
+        # an offline W&B run (WANDB_MODE=offline for one, unset -> offline default for the other)
+        [wrun] = offline_run_dirs(out)
+        assert wrun.name.endswith(r["run_id"])
+        wb = wandb_record(tmp, r["run_id"])
         assert wb["id"] == r["run_id"] and wb["project"] == "sparsespec"
         assert math.isclose(wb["summary"][metric], final[metric], abs_tol=1e-4)
         assert {"val/acc_full", "train/loss", "trainer/global_step"} <= set(wb["summary"])
         assert any(metric in h for h in wb["history"])
+        [art] = [a for a in wb["artifacts"] if a["type"] == "model"]  # the export, logged after training
+        assert art["name"] == f"drafter-{r['run_id']}" and "model.safetensors" in art["files"]
         # the composed Hydra config is the run config: the swept values reached Hydra unchanged
         pt, cfg = r["point"], wb["config"]
         assert math.isclose(cfg["optim"]["lr"], pt["optim.lr"], rel_tol=1e-9)
@@ -217,7 +252,7 @@ def test_train_sweep_points_run_and_log_metric(train_sweep_runs):
 
 @pytest.mark.parametrize("name", ["sparsespec_l", "sparsespec_l_grid"])
 def test_evaluate_sweep_points_run_and_log_metric(tiny, name):
-    spec, points = sweep_points(CONF / "sweep" / f"{name}.yaml", tiny)
+    spec, points = agent_points(CONF / "sweep" / f"{name}.yaml", tiny)
     tmp = tiny["root"] / name
     tmp.mkdir()
     metric = spec["metric"]["name"]
@@ -232,16 +267,18 @@ def test_evaluate_sweep_points_run_and_log_metric(tiny, name):
         saved = yaml.safe_load((out / "config.yaml").read_text())
         for k, v in r["point"].items():
             if k.startswith("method."):
-                got = saved["method"][k.split(".", 1)[1]]
-                assert got == v or math.isclose(got, v), (k, got, v)
-        [wrun] = tracking.find_offline_runs(out)
-        wb = tracking.read_offline_run(wrun)
+                got = OmegaConf.select(OmegaConf.create(saved), k)
+                assert got == v or (not isinstance(v, list) and math.isclose(got, v)), (k, got, v)
+        [wrun] = offline_run_dirs(out)
+        assert wrun.name.endswith(r["run_id"])
+        wb = wandb_record(tmp, r["run_id"])
         assert wb["id"] == r["run_id"]
         assert math.isclose(wb["summary"][metric], sl[metric]["mean"], rel_tol=1e-9)
         assert math.isclose(wb["summary"]["sparsespec_l/acceptance_rate"], sl["acceptance_rate"]["mean"])
-        keys = set(wb["summary"])
-        assert {"sample/sparsespec_l/tokens_per_s", "sample/ar/wall_s", "results/_type", "summary/_type"} <= keys
-        assert any(k.startswith("plots/") and k.endswith("/_type") for k in keys)  # plots as images
+        assert {"sample/sparsespec_l/tokens_per_s", "sample/ar/wall_s", "results", "summary"} <= set(wb["summary"])
+        logged = {k: v for h in wb["history"] for k, v in h.items()}
+        assert logged["results"] == logged["summary"] == {"_type": "Table"}  # rows and summary as tables
+        assert any(k.startswith("plots/") and v == {"_type": "Image"} for k, v in logged.items())  # plots
         assert wb["config"]["method"]["name"] == "sparsespec_l" and wb["config"]["out_dir"].endswith(r["run_id"])
         arts = {a["type"]: a for a in wb["artifacts"]}
         assert {"results.jsonl", "summary.json"} <= set(arts["evaluation"]["files"])
@@ -256,10 +293,11 @@ def test_evaluate_logs_the_drafter_artifact(tiny, train_sweep_runs):
     argv = [sys.executable, str(REPO / "evaluate.py"), "method=budgetdraft", f"drafter.path={export}",
             "method.budget=64", "method.k_sink=4", "logger=wandb", f"out_dir={out}",
             *[f"{k}={v}" for k, v in tiny_overrides("evaluate.py", tiny).items()]]
-    p = subprocess.run(argv, cwd=tmp, env=agent_env(tmp, "evalbd01", None), capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(recorded(argv), cwd=tmp, env=agent_env(tmp, "evalbd01", None), capture_output=True,
+                       text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    wb = tracking.read_offline_run(tracking.find_offline_runs(out)[0])
+    assert len(offline_run_dirs(out)) == 1
+    wb = wandb_record(tmp, "evalbd01")
     [art] = [a for a in wb["artifacts"] if a["type"] == "model"]
     assert art["name"].startswith("drafter-") and {"config.json", "model.safetensors"} <= set(art["files"])
     assert "budgetdraft/speedup" in wb["summary"] and wb["summary"]["speedup"] == wb["summary"]["budgetdraft/speedup"]

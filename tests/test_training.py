@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from sparsespec.decoding.controllers import FixedK
 from sparsespec.decoding.drafters import ModelDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
-from sparsespec.kv.views import StreamingView
+from sparsespec.kv.policies import StreamingKV
 from sparsespec.models.runner import CausalLM
 from sparsespec.training import losses
 from sparsespec.training.budgets import BudgetSampler, sparse_rows, view_mask
@@ -206,7 +206,7 @@ def test_masked_training_forward_equals_inference_runner(budget):
     with torch.no_grad():
         train_logits = module.logits(ids[None], budget)[0]
         full_logits = module.logits(ids[None])[0]
-    view = StreamingView(budget=budget, k_sink=4)
+    view = StreamingKV(budget=budget, k_sink=4)
     lm = CausalLM(drafter)
     # 1) one forward over the whole sequence under the view's mask
     ref = lm.forward(ids, lm.new_cache(n), mask=view.mask(0, n, n))
@@ -370,7 +370,7 @@ def test_train_resume_export_and_speculative_round_trip(env, tmp_path):
     target = CausalLM(env["target"])
     prompt = env["tok"](_text(7, 80))["input_ids"][:70]
     ar = SpeculativeEngine(target).generate(prompt, 24)
-    spec = SpeculativeEngine(target, ModelDrafter(CausalLM(drafter), StreamingView(budget=16, k_sink=4)),
+    spec = SpeculativeEngine(target, ModelDrafter(CausalLM(drafter), StreamingKV(budget=16, k_sink=4)),
                              FixedK(3)).generate(prompt, 24)
     assert spec.output_ids == ar.output_ids
     assert spec.drafted > 0
@@ -388,3 +388,69 @@ def test_loss_group_matches_the_parts():
     assert torch.allclose(s["sparse_ce"], 2.0 * losses.ce(sp, tgt))
     assert torch.allclose(s["kl"], 0.25 * losses.kl(full, sp))
     assert torch.allclose(s["sparse_acc"], losses.acceptance_loss(sp, tgt, depth=3))
+
+
+# ---------------------------------------------------------------------------------------------
+# training length: trainer.max_steps=-1 (epochs) sizes the LR schedule; no length is refused
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra,keys", [
+    (["trainer.max_steps=-1"], ["trainer.max_steps=-1", "trainer.max_epochs=-1", "trainer.max_epochs=N"]),
+    (["trainer.max_steps=-1", "trainer.max_epochs=0"], ["trainer.max_epochs=0", "positive"]),
+    (["trainer.max_epochs=-2"], ["trainer.max_epochs=-2", "positive"]),
+    (["trainer.max_steps=0"], ["trainer.max_steps=0", "-1 (use max_epochs)"]),
+    (["trainer.max_steps=-5", "trainer.max_epochs=2"], ["trainer.max_steps=-5", "positive"]),
+], ids=["no-length", "zero-epochs", "epochs-below-minus-one", "zero-steps", "steps-below-minus-one"])
+def test_training_length_without_an_end_is_refused_before_any_model_loads(env, tmp_path, monkeypatch, extra, keys):
+    from sparsespec.config import ConfigError
+    from sparsespec.models import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as e:  # was an OverflowError from the LR schedule (int(inf))
+        run_train(overrides(env, out, *extra))
+    msg = str(e.value)
+    assert "\n" not in msg and all(k in msg for k in keys), msg
+    assert not out.exists()
+
+
+def test_max_steps_minus_one_schedules_max_epochs_and_resumes_exactly(env, tmp_path):
+    from lightning.pytorch.callbacks import Callback
+    from omegaconf import OmegaConf
+
+    from sparsespec.training.run import check_training_length, train
+
+    # max_epochs unset: Lightning's 1000 epochs end training; fast_dev_run sets its own length
+    check_training_length(OmegaConf.create({"max_steps": -1, "max_epochs": None}))
+    check_training_length(OmegaConf.create({"max_steps": -1, "max_epochs": -1, "fast_dev_run": True}))
+
+    class Record(Callback):
+        def __init__(self):
+            self.steps: dict[int, tuple] = {}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self.steps[trainer.global_step] = (batch["input_ids"].tolist(), float(loss.detach()),
+                                               trainer.optimizers[0].param_groups[0]["lr"])
+
+    def fit(out, *extra):
+        rec = Record()
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose("train", overrides=overrides(env, out, "data.n_train=2", "trainer.max_steps=-1",
+                                                       "trainer.max_epochs=2", "trainer.val_check_interval=1",
+                                                       "callbacks.checkpoint.save_top_k=-1", "export=false", *extra))
+        return train(cfg, callbacks=[rec]), rec
+
+    # 2 windows, batch 1: 2 steps an epoch, so the schedule spans 2 x 2 = 4 steps and ends at the floor
+    res, straight = fit(tmp_path / "a")
+    assert res["trainer"].global_step == 4 and sorted(straight.steps) == [1, 2, 3, 4]
+    assert res["trainer"].optimizers[0].param_groups[0]["lr"] == pytest.approx(5e-4 * 0.1)
+    # resumed from step 1 (mid-epoch): the same batches, losses and learning rates as the straight run
+    # (Lightning's estimated_stepping_batches sets the train loader up before the restore, which then
+    # leaves the loader's position behind: Lightning-AI/pytorch-lightning#20550)
+    ckpt = tmp_path / "a" / "checkpoints" / "best-step=1.ckpt"
+    res2, resumed = fit(tmp_path / "b", f"ckpt_path='{ckpt}'")  # quoted: the name holds an =
+    assert sorted(resumed.steps) == [2, 3, 4] and res2["module"].train_steps_run == 3
+    for s in (2, 3, 4):
+        assert resumed.steps[s] == straight.steps[s], f"step {s} differs after resume"

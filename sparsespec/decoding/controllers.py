@@ -6,6 +6,7 @@ controller may stop early on a low-confidence token), and reports the verified r
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
@@ -20,16 +21,35 @@ class RoundStats:
     verify_s: float
 
 
+class Controller(ABC):
+    """Decides each round's draft length. `max_draft` is the one method a controller must have."""
+
+    @abstractmethod
+    def max_draft(self) -> int:
+        """The most tokens this round may draft (asked before the round)."""
+
+    def keep_drafting(self, n_drafted: int, entropies: list[float]) -> bool:
+        """After each drafted token: draft another? (entropies: of every token drafted so far)."""
+        return n_drafted < self.max_draft()
+
+    def observe(self, stats: RoundStats) -> None:  # noqa: B027 (an optional hook)
+        """After verification of a round this controller sized."""
+
+    def report(self) -> dict:
+        """Extra fields for the result row (`engine_<key>`)."""
+        return {}
+
+
 @dataclass
-class FixedK:
+class FixedK(Controller):
     """Always draft k tokens (the classic speculative decoding setting)."""
 
     k: int = 4
-    history: list[int] = field(default_factory=list, repr=False)
+    history: list[int] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if int(self.k) <= 0:
-            raise ValueError(f"method.k must be a positive draft length, got {self.k}")
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k <= 0:
+            raise ValueError(f"k={self.k!r} is out of range: a positive draft length (>= 1)")
 
     def max_draft(self) -> int:
         return self.k
@@ -45,7 +65,7 @@ class FixedK:
 
 
 @dataclass
-class EntropyController:
+class EntropyController(Controller):
     """SparseSpec-L's controller: choose the draft length that maximises expected tokens per cost.
 
     Acceptance estimate of a draft token with entropy H: the two class centres H_acc and H_rej
@@ -69,11 +89,18 @@ class EntropyController:
     p_max: float = 0.99
 
     def __post_init__(self) -> None:
-        self.candidates = tuple(sorted(int(c) for c in self.candidates))
-        if not self.candidates or self.candidates[0] <= 0:
-            raise ValueError(f"method.candidates must be positive draft lengths, got {self.candidates}")
-        if not 0 <= self.beta < 1:
-            raise ValueError(f"method.beta must be in [0, 1), got {self.beta}")
+        if not self.candidates or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0
+                                      for c in self.candidates):
+            raise ValueError(f"candidates={list(self.candidates)!r} is out of range: a non-empty list of "
+                             "positive draft lengths")
+        self.candidates = tuple(sorted(self.candidates))
+        if not (isinstance(self.beta, int | float) and 0 <= self.beta < 1):
+            raise ValueError(f"beta={self.beta!r} is out of range: [0, 1)")
+        for key in ("h_acc_init", "h_rej_init"):
+            if not (isinstance(getattr(self, key), int | float) and getattr(self, key) >= 0):
+                raise ValueError(f"{key}={getattr(self, key)!r} is out of range: an entropy in nats >= 0")
+        if not (isinstance(self.gamma_init, int | float) and self.gamma_init > 0):
+            raise ValueError(f"gamma_init={self.gamma_init!r} is out of range: a cost ratio > 0")
         self.h_acc, self.h_rej, self.gamma = self.h_acc_init, self.h_rej_init, self.gamma_init
         self._p: list[float] = []
         self.log: list[tuple[list[float], int]] = []  # (per-token estimates, accepted) per round

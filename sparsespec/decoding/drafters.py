@@ -1,21 +1,29 @@
-"""Drafters: who proposes tokens. The seam is transformers' candidate-generator idea — `propose`
-drafts from the current state, `accepted` updates the drafter from the verification result.
+"""Drafters: who proposes tokens. The seam is transformers' candidate-generator idea: `propose`
+drafts from the current state, `on_verified` updates the drafter from the verification result.
 
-SelfDrafter: the target drafts for itself through a KV view over its own (exact) cache.
-ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse view.
+A drafter subclasses `Drafter`; every hook but `propose` does nothing by default, so the engine
+calls them all unconditionally.
+SelfDrafter: the target drafts for itself through a KV policy over its own (exact) cache.
+ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse policy.
+PromptLookup (not a drafter: an option of the engine, tried before the drafter each round) copies
+what followed the latest earlier occurrence of the last n-gram.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from sparsespec.decoding.controllers import Controller
 from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
-from sparsespec.kv.views import FullView, KVView
-from sparsespec.models.runner import Capture, CausalLM
+from sparsespec.kv.capture import Capture
+from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
+from sparsespec.models.runner import CausalLM
 
 
 @dataclass
@@ -44,29 +52,73 @@ class Proposal:
     controlled: bool = True
 
 
-@dataclass
-class SelfDrafter:
-    """Self-speculation: the target model drafts with attention restricted to a KV view."""
+class Drafter(ABC):
+    """A source of draft tokens. `propose` is the one method a drafter must have."""
 
-    view: KVView = field(default_factory=FullView)
+    # True when the drafter decodes with a second model, which the harness loads (drafter.path)
+    needs_model: ClassVar[bool] = False
+
+    def prefill_capture(self) -> Capture | None:
+        """What the target's prefill should report to this drafter (None: nothing)."""
+        return None
+
+    def verify_capture(self) -> Capture | None:
+        """What every verification pass should report (None: nothing)."""
+        return None
+
+    def start(self, state: DecodeState) -> None:  # noqa: B027 (an optional hook)
+        """After the target's prefill, before the first round."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
+                gen: torch.Generator) -> Proposal:
+        """Up to min(controller.max_draft(), state.draft_limit) tokens, stopping when the
+        controller says so."""
+
+    def on_verified(self, state: DecodeState, n_accepted: int) -> None:  # noqa: B027 (an optional hook)
+        """After every verification (also of rounds it did not draft): state.tokens holds the kept
+        tokens and the verifier's own, the target cache all but the last of them."""
+
+    def report(self) -> dict:
+        """Extra fields for the result row (`engine_<key>`)."""
+        return {}
+
+    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
+        """Bytes allocated beyond a drafter model's own KV at a context of `tokens`."""
+        return 0
+
+
+@dataclass
+class SelfDrafter(Drafter):
+    """Self-speculation: the target model drafts with attention restricted to a KV policy."""
+
+    policy: KVPolicy = field(default_factory=FullKV)
     _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
 
     def prefill_capture(self) -> Capture | None:
-        return getattr(self.view, "prefill_capture", lambda: None)()
+        return self.policy.prefill_capture()
 
     def start(self, state: DecodeState) -> None:
-        start = getattr(self.view, "start", None)
-        if start is not None:
-            start(state)
+        self.policy.start(state)
 
     def verify_capture(self) -> Capture | None:
-        return getattr(self.view, "verify_capture", lambda: None)()
+        return self.policy.verify_capture()
 
-    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+    def on_verified(self, state: DecodeState, n_accepted: int) -> None:
+        self.policy.update(state, n_accepted)
+
+    def report(self) -> dict:
+        return self.policy.report()
+
+    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
+        return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
+
+    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
+                gen: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
         model, length = state.target, state.cache.length
         kmax = min(controller.max_draft(), state.draft_limit)
-        idx = self.view.select(length, model.n_layers, model.n_kv_heads, model.device)
+        idx = self.policy.select(state)
         # Full view: draft straight into the target cache and roll back; else a compact copy.
         if idx is None:
             cache = state.cache
@@ -87,38 +139,39 @@ class SelfDrafter:
         q = None if sampling.greedy else torch.stack(qs)
         return Proposal(out, q, ents, steps=len(out), seconds=time.perf_counter() - t0)
 
-    def accepted(self, state: DecodeState, n_accepted: int) -> None:
-        update = getattr(self.view, "update", None)
-        if update is not None:
-            update(state, n_accepted)
-
 
 @dataclass
-class ModelDrafter:
-    """A separate small LM sharing the target's tokenizer, with its own cache and optional view."""
+class ModelDrafter(Drafter):
+    """A separate small LM sharing the target's tokenizer, with its own cache, computed under a
+    position-only KV policy (FullKV: every position)."""
 
-    model: CausalLM
-    view: KVView = field(default_factory=FullView)
+    needs_model: ClassVar[bool] = True
+    model: CausalLM | None = None  # the harness passes the loaded drafter (drafter.path)
+    policy: KVPolicy = field(default_factory=FullKV)
     prefill_chunk: int = 1024
     cache: KVCache | None = field(default=None, repr=False)
 
-    def prefill_capture(self) -> Capture | None:
-        return None
-
-    def verify_capture(self) -> Capture | None:
-        return None
+    def __post_init__(self) -> None:
+        if self.model is None:
+            raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
+                                "pass model=CausalLM(...)")
+        if not self.policy.position_only:
+            raise KVPolicyError(
+                f"ModelDrafter computes its own KV under a position-only policy; {type(self.policy).__name__} "
+                "scores the target's cache, so it works with SelfDrafter. Use StreamingKV or FullKV here.")
 
     def start(self, state: DecodeState) -> None:
         self.cache = self.model.new_cache(len(state.tokens) + 64)
         prompt = torch.tensor(state.tokens[: state.prompt_len])
-        self.model.prefill(prompt, self.cache, chunk=self.prefill_chunk, mask_fn=self.view.mask)
+        self.model.prefill(prompt, self.cache, chunk=self.prefill_chunk, mask_fn=self.policy.mask)
 
     def _step(self, ids: list[int]) -> torch.Tensor:
         n = len(ids)
-        mask = self.view.mask(self.cache.length, n, self.cache.length + n)
+        mask = self.policy.mask(self.cache.length, n, self.cache.length + n)
         return self.model.forward(torch.tensor(ids), self.cache, mask=mask, logits="last")[-1]
 
-    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
+                gen: torch.Generator) -> Proposal:
         t0 = time.perf_counter()
         kmax = min(controller.max_draft(), state.draft_limit)
         vocab = state.target.vocab_size
@@ -138,7 +191,7 @@ class ModelDrafter:
         q = None if sampling.greedy else torch.stack(qs)
         return Proposal(out, q, ents, steps=steps, seconds=time.perf_counter() - t0)
 
-    def accepted(self, state: DecodeState, n_accepted: int) -> None:
+    def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
         # drafter entries that lie on that sequence.
         valid = len(state.tokens) - 1
@@ -146,46 +199,31 @@ class ModelDrafter:
 
 
 @dataclass
-class LookupDrafter:
+class PromptLookup:
     """Prompt lookup (Saxena 2023): if the last `ngram` tokens occurred before, draft the tokens that
-    followed their latest earlier occurrence; otherwise ask `fallback` (any drafter; None: no draft
-    this round, a plain verification step).
+    followed their latest earlier occurrence. The engine tries it before the method's drafter each
+    round; where the n-gram has no earlier occurrence the drafter drafts (or, with none, the round
+    is a plain verification step).
 
     It reads token ids only, no KV and no model, so a draft costs ~nothing. That pays off where the
-    target repeats itself, which its greedy continuations of long books do a lot (docs/training.md).
+    target repeats itself, which its greedy continuations of long books do a lot (docs/benchmarks.md).
     Under sampling the draft is deterministic: q is one-hot, so speculative sampling accepts token x
     with probability p(x) and resamples from p without x, which keeps the target's distribution.
     """
 
     ngram: int = 2
-    fallback: SelfDrafter | ModelDrafter | None = None
     # most tokens one copy drafts (None: the controller's maximum). An entropy controller may allow
-    # 20, sized for drafts it can stop early; a copy has no entropy to stop on, and a wrong
-    # 20-token copy costs a 21-token verification (measured: 0.18 acceptance at 16k)
+    # 20, sized for drafts it can stop early; a copy has no entropy to stop on, and a wrong long
+    # copy costs a long verification
     k: int | None = None
-    looked_up: int = 0  # rounds drafted by lookup / not (by the fallback, or no draft), reported
-    fell_back: int = 0
+    looked_up: int = field(default=0, init=False)  # rounds drafted by lookup / not, reported
+    missed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        if self.ngram < 1:
-            raise ValueError(f"lookup n-gram size must be >= 1, got {self.ngram}")
-        if self.k is not None and self.k < 1:
-            raise ValueError(f"lookup draft length must be >= 1, got {self.k}")
-
-    @property
-    def view(self) -> KVView | None:  # the engine collects the fallback view's report
-        return getattr(self.fallback, "view", None)
-
-    def prefill_capture(self) -> Capture | None:
-        return self.fallback.prefill_capture() if self.fallback else None
-
-    def verify_capture(self) -> Capture | None:
-        return self.fallback.verify_capture() if self.fallback else None
-
-    def start(self, state: DecodeState) -> None:
-        self.looked_up = self.fell_back = 0
-        if self.fallback:
-            self.fallback.start(state)
+        if not isinstance(self.ngram, int) or self.ngram < 1:
+            raise ValueError(f"lookup n-gram size must be an integer >= 1, got {self.ngram!r}")
+        if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"lookup draft length must be an integer >= 1, got {self.k!r}")
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of tokens[-ngram:] ([] if none).
@@ -205,23 +243,18 @@ class LookupDrafter:
             out.append(tokens[pos] if pos < len(tokens) else out[pos - len(tokens)])
         return out
 
-    def propose(self, state: DecodeState, controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
+    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling) -> Proposal | None:
+        """A copied draft, or None when the n-gram has no earlier occurrence."""
         t0 = time.perf_counter()
         kmax = min(controller.max_draft(), state.draft_limit, *([self.k] if self.k is not None else []))
         out = self.lookup(state.tokens, kmax)
         if not out:
-            self.fell_back += 1
-            if self.fallback is not None:
-                return self.fallback.propose(state, controller, sampling, gen)
-        else:
-            self.looked_up += 1
+            self.missed += 1
+            return None
+        self.looked_up += 1
         vocab = state.target.vocab_size
-        q = None if sampling.greedy or not out else torch.nn.functional.one_hot(torch.tensor(out), vocab).float()
+        q = None if sampling.greedy else torch.nn.functional.one_hot(torch.tensor(out), vocab).float()
         return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0, controlled=False)
 
-    def accepted(self, state: DecodeState, n_accepted: int) -> None:
-        if self.fallback:
-            self.fallback.accepted(state, n_accepted)
-
     def report(self) -> dict[str, int]:
-        return {"lookup_rounds": self.looked_up, "fallback_rounds": self.fell_back}
+        return {"lookup_rounds": self.looked_up, "fallback_rounds": self.missed}

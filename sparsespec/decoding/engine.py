@@ -7,7 +7,8 @@
             the target cache (and the drafter) roll back to the kept tokens.
 
 With no drafter this is plain autoregressive decoding (k = 0 every round), so `ar` and every
-speculative method share the same prefill, forward and sampling code.
+speculative method share the same prefill, forward and sampling code. With `lookup` set, prompt
+lookup drafts first each round and the drafter only where the lookup finds nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sparsespec.decoding.controllers import FixedK, RoundStats
-from sparsespec.decoding.drafters import DecodeState
+from sparsespec.decoding.controllers import Controller, FixedK, RoundStats
+from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Proposal
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_greedy, accept_speculative
 from sparsespec.kv.cache import KVCache
@@ -92,9 +93,10 @@ class GenerationResult:
 @dataclass
 class SpeculativeEngine:
     target: CausalLM
-    drafter: object | None = None  # SelfDrafter, ModelDrafter or None for AR
-    controller: object = field(default_factory=FixedK)
+    drafter: Drafter | None = None  # None: AR (or prompt lookup alone)
+    controller: Controller = field(default_factory=FixedK)
     prefill_chunk: int = 1024
+    lookup: PromptLookup | None = None
 
     def generate(
         self,
@@ -105,6 +107,7 @@ class SpeculativeEngine:
         eos_token_ids: tuple[int, ...] = (),
         progress: Callable[[int], None] | None = None,
         cache: KVCache | None = None,
+        on_token: Callable[[int], None] | None = None,
     ) -> GenerationResult:
         """Decode up to max_new_tokens after prompt_ids.
 
@@ -112,6 +115,7 @@ class SpeculativeEngine:
         prompt (fewer than all of them: the last prompt tokens are always run here, so a view's
         prefill capture sees real queries). Benchmarks use it to prefill a long prompt once for many
         runs; on return the cache holds the generated tokens too, `cache.crop` restores it.
+        on_token: called with every output token as soon as it is verified (streaming).
         """
         if max_new_tokens <= 0:
             raise ValueError(f"gen.max_new_tokens must be positive, got {max_new_tokens}")
@@ -126,6 +130,8 @@ class SpeculativeEngine:
         if not 0 <= done < len(prompt_ids):
             raise ValueError(f"a reused cache must hold fewer tokens ({done}) than the prompt ({len(prompt_ids)})")
 
+        if self.lookup is not None:
+            self.lookup.looked_up = self.lookup.missed = 0
         t0 = time.perf_counter()
         capture = drafter.prefill_capture() if drafter else None
         logits = target.prefill(torch.tensor(prompt_ids[done:]), cache, self.prefill_chunk, capture=capture,
@@ -135,6 +141,8 @@ class SpeculativeEngine:
         if drafter:
             drafter.start(state)
         res = GenerationResult([first], len(prompt_ids), prefill_s=time.perf_counter() - t0, wall_s=0.0)
+        if on_token is not None:
+            on_token(first)
 
         t0 = time.perf_counter()
         eos = set(eos_token_ids)
@@ -146,10 +154,14 @@ class SpeculativeEngine:
                 stop = next(i for i, t in enumerate(new) if t in eos) + 1
                 new = new[:stop]
                 first = new[-1]
+            emitted = len(res.output_ids)
             res.output_ids = new[:max_new_tokens]
+            if on_token is not None:
+                for t in res.output_ids[emitted:]:
+                    on_token(t)
         res.wall_s = time.perf_counter() - t0
-        for part in (self.controller, getattr(drafter, "view", None), drafter):  # their reports, if any
-            if hasattr(part, "report"):
+        for part in (self.controller, drafter, self.lookup):
+            if part is not None:
                 res.extra.update(part.report())
         return res
 
@@ -157,15 +169,18 @@ class SpeculativeEngine:
         """One draft-verify round; appends the kept tokens to state.tokens, returns the last one."""
         target, cache, drafter = state.target, state.cache, self.drafter
         length = cache.length
-        proposal = None
+        proposal: Proposal | None = None
         # with one token left a draft can never be used: verify-only (an AR step)
-        if drafter is not None and remaining > 1:
+        if remaining > 1:
             state.draft_limit = remaining - 1
-            proposal = drafter.propose(state, self.controller, sampling, gen)
-            # a drafter that ignores the limit still cannot emit tokens past max_new_tokens
-            proposal.tokens = proposal.tokens[: state.draft_limit]
-            if proposal.q is not None:
-                proposal.q = proposal.q[: len(proposal.tokens)]
+            if self.lookup is not None:
+                proposal = self.lookup.propose(state, self.controller, sampling)
+            if proposal is None and drafter is not None:
+                proposal = drafter.propose(state, self.controller, sampling, gen)
+            if proposal is not None:  # a drafter that ignores the limit still cannot emit past it
+                proposal.tokens = proposal.tokens[: state.draft_limit]
+                if proposal.q is not None:
+                    proposal.q = proposal.q[: len(proposal.tokens)]
         draft = proposal.tokens if proposal else []
 
         t0 = time.perf_counter()
@@ -183,8 +198,8 @@ class SpeculativeEngine:
         state.tokens.extend([*draft[:n_acc], nxt])
         res.verify_s += verify_s
         res.verify_steps += 1
-        if drafter is not None:  # also after a verify-only step: the index saw its query
-            drafter.accepted(state, n_acc)
+        if drafter is not None:  # also after a verify-only or lookup round: the index saw its query
+            drafter.on_verified(state, n_acc)
         if proposal is not None:
             res.draft_s += proposal.seconds
             res.draft_steps += proposal.steps

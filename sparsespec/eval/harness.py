@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from sparsespec.config import parse_ctx
@@ -28,6 +27,7 @@ from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method, MethodConfigError
 from sparsespec.eval.results import ResultsFile, read_rows, write_atomic
 from sparsespec.eval.summary import headline, to_markdown, write_reports
+from sparsespec.kv.policies import FullKV
 from sparsespec.models.runner import CausalLM
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,10 @@ def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[t
     methods = []
     for mc in method_cfgs:
         try:
-            m = instantiate(mc, _convert_="all")
-        except Exception as e:  # instantiate wraps the dataclass' ValueError
-            cause = e.__cause__ if isinstance(e.__cause__, MethodConfigError) else e
-            raise EvaluationError(f"method {mc.get('name')}: {cause}") from e
-        methods.append((m, _method_dict(mc)))
+            m = Method.from_config(mc)
+        except MethodConfigError as e:
+            raise EvaluationError(str(e)) from None
+        methods.append((m, m.as_dict()))
     names = [m.name for m, _ in methods]
     if len(set(names)) != len(names):
         raise EvaluationError(f"method list {names} names a method twice; list each method once")
@@ -56,16 +55,10 @@ def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[t
         raise EvaluationError(f"baseline={baseline!r}: use baseline=ar or baseline=null")
     if baseline == "ar" and "ar" not in names:
         ar = Method(name="ar")
-        methods.insert(0, (ar, _method_dict(OmegaConf.structured(ar))))
+        methods.insert(0, (ar, ar.as_dict()))
     # AR first: the paired speedup and the identity check need its row.
     methods.sort(key=lambda pair: pair[0].name != "ar")
     return methods
-
-
-def _method_dict(mc: Any) -> dict:
-    d = OmegaConf.to_container(mc, resolve=True) if OmegaConf.is_config(mc) else dict(mc)
-    d.pop("_target_", None)
-    return d
 
 
 def run_fingerprint(cfg: DictConfig, ctx: int) -> dict:
@@ -186,7 +179,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     if not samples:
         raise EvaluationError(f"dataset={d.name} gave no sample at ctx={ctx}; check dataset.path / dataset.task")
     drafter_model = None
-    if any(m.drafter == "model" for m, _ in methods):
+    if any(m.needs_drafter_model for m, _ in methods):
         drafter_model = _load_drafter(cfg, [m for m, _ in methods], loaded, load_model, check_same_tokenizer,
                                       ModelLoadError)
 
@@ -329,7 +322,8 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
     res = runs[0]
     walls = [r.wall_s for r in runs]
     wall = statistics.fmean(walls)
-    sparse = method.speculative and method.view != "full"
+    policy = method.policy()
+    sparse = policy is not None and not isinstance(policy, FullKV)
     row = {
         "sample_id": sample.sample_id,
         "dataset": sample.dataset,
@@ -354,10 +348,11 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
         "repeats": len(runs),
         "temperature": sampling.temperature,
         "seed": int(cfg.gen.seed),
-        "view": method.view if method.speculative else None,
-        "controller": method.controller if method.speculative else None,
+        # the parts, by class (FullKV, StreamingKV, RecallIndex, ...; FixedK, EntropyController, ...)
+        "view": type(policy).__name__ if method.speculative and policy is not None else None,
+        "controller": type(engine.controller).__name__ if method.speculative else None,
         # the KV budget the drafter saw at this prompt (tokens per KV head), for acceptance-vs-budget
-        "budget_tokens": min(method.make_view().budget_for(res.prompt_tokens), res.prompt_tokens) if sparse else None,
+        "budget_tokens": min(policy.budget_for(res.prompt_tokens), res.prompt_tokens) if sparse else None,
     }
     if method.speculative and res.rounds:
         k_mean = res.drafted / len(res.rounds)
@@ -378,7 +373,7 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
 def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelLoadError) -> CausalLM:
     path = cfg.drafter.path
     if path is None and any(m.needs_trained_drafter for m in methods):
-        from sparsespec.training.export import latest_drafter_path
+        from sparsespec.models.exports import latest_drafter_path
 
         latest = latest_drafter_path()
         if latest is None:
@@ -387,7 +382,7 @@ def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelL
                 "or pass drafter.path=DIR")
         path = str(latest)
     if path is None:
-        names = [m.name for m in methods if m.drafter == "model"]
+        names = [m.name for m in methods if m.needs_drafter_model]
         raise EvaluationError(f"methods {names} need a small drafter: pass drafter.path=DIR (a model "
                               "directory with the target's tokenizer, e.g. a train.py export)")
     try:

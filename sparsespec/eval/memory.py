@@ -41,10 +41,9 @@ def estimate_bytes(target: CausalLM, tokens: int, methods, drafter: CausalLM | N
     # plus the captured probabilities of the last W queries (float32)
     chunk = min(chunk, tokens)
     parts["prefill_attention"] = chunk * tokens * (1 + 4) + target.n_heads * 64 * tokens * 4
-    recall = [m for m in methods if m.view in ("recall", "snapkv")]
-    if recall:
-        w = max(m.window for m in recall)
-        parts["recall_index"] = target.n_layers * (w + 1) * target.n_kv_heads * (tokens + 1024) * 4
+    policies = max((m.memory_bytes(target, tokens) for m in methods), default=0)  # e.g. the recall index
+    if policies:
+        parts["kv_policy"] = policies
     if drafter is not None:
         parts["drafter_kv"] = kv_bytes(drafter, tokens + 64)
     parts["total"] = sum(parts.values())

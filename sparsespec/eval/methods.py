@@ -1,155 +1,179 @@
-"""A method is a config that composes the engine's parts (docs/architecture.md's method table).
+"""A method is a config of parts: conf/method/<name>.yaml names a drafter (with its KV policy), a
+length controller (the `method/controller` group: fixed or entropy) and prompt lookup, each part a
+`_target_` node that Hydra instantiates afresh for every generation.
 
-conf/method/<name>.yaml instantiates `Method` (flat keys, so `method.k=8` or `method.ratio=0.05`
-mean the same for every method that has them); `build` wires drafter, KV view and controller.
+The top of a method file may hold short keys (`ratio: 0.10`) that its parts read by interpolation
+(`ratio: ${...ratio}`), so `method.ratio=0.05` works on the command line and in sweeps; they exist
+only in the methods that declare them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from omegaconf import MISSING
+from hydra.errors import InstantiationException
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
 
-from sparsespec.decoding.controllers import EntropyController, FixedK
-from sparsespec.decoding.drafters import LookupDrafter, ModelDrafter, SelfDrafter
+from sparsespec.decoding.controllers import Controller, FixedK
+from sparsespec.decoding.drafters import Drafter, PromptLookup
 from sparsespec.decoding.engine import SpeculativeEngine
-from sparsespec.kv.recall import RecallIndex
-from sparsespec.kv.views import FullView, KVView, StreamingView
+from sparsespec.kv.policies import KVPolicy
 from sparsespec.models.runner import CausalLM
-
-DRAFTERS = ("none", "self", "model", "lookup")
-VIEWS = ("full", "streaming", "snapkv", "recall")
-CONTROLLERS = ("fixed", "entropy")
 
 
 class MethodConfigError(ValueError):
     pass
 
 
-@dataclass
-class MethodConfig:
-    """The schema of conf/method/*.yaml: every key a sweep may set exists, with its type."""
-
-    _target_: str = "sparsespec.eval.methods.Method"
-    name: str = MISSING
-    drafter: str = "none"  # none (AR) | self (target drafts for itself) | model (small drafter) | lookup
-    lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off); copies <= k
-    view: str = "full"  # which cached positions the drafter attends to
-    controller: str = "fixed"
-    k: int = 4  # fixed draft length
-    budget: int | None = None  # view size in tokens per KV head ...
-    ratio: float | None = None  # ... or as a share of the context
-    k_sink: int = 16
-    k_recent: int | None = None
-    window: int = 16  # recall index: verification queries that score the history
-    refresh_every: int = 1  # recall index: verification rounds per refresh (1: every round, the paper)
-    candidates: list[int] = field(default_factory=lambda: [4, 8, 12, 16, 20])
-    beta: float = 0.9
-    h_acc_init: float = 0.5
-    h_rej_init: float = 3.0
-    gamma_init: float = 0.2
-    needs_trained_drafter: bool = False  # budgetdraft: default to the latest exported drafter
+def _cause(e: BaseException) -> BaseException:
+    while isinstance(e, InstantiationException) and e.__cause__ is not None:
+        e = e.__cause__
+    return e
 
 
 @dataclass
-class Method(MethodConfig):
-    """A validated method, built from its config by hydra.utils.instantiate."""
+class Method:
+    name: str
+    drafter: dict | None = None  # a Drafter's `_target_` node (None: AR, or prompt lookup alone)
+    controller: dict | None = None  # a Controller's `_target_` node (None: FixedK's defaults)
+    lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off)
+    lookup_k: int | None = None  # most tokens one copy drafts (None: the controller's maximum)
+    needs_trained_drafter: bool = False  # drafter.path defaults to the latest exported BudgetDraft drafter
+    knobs: dict = field(default_factory=dict)  # the file's short keys, read by its parts
 
-    def __post_init__(self) -> None:
-        for key, value, allowed in (("drafter", self.drafter, DRAFTERS), ("view", self.view, VIEWS),
-                                    ("controller", self.controller, CONTROLLERS)):
-            if value not in allowed:
-                raise MethodConfigError(f"method.{key}={value!r} is not one of {', '.join(allowed)}")
-        self._check_ranges()
-        if self.drafter != "none":
-            self.make_view()  # validates budget / ratio / k_sink / k_recent together
-            self.make_controller()
-        if self.view in ("snapkv", "recall") and self.drafter == "model":
-            raise MethodConfigError(
-                f"method.view={self.view} scores the target's verification attention; it works with "
-                "method.drafter=self. Small-model drafters take view=streaming or full."
-            )
+    @classmethod
+    def from_config(cls, node: Any) -> Method:
+        """A composed conf/method node (or a plain dict) -> a checked Method. Raises MethodConfigError."""
+        d = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else dict(node)
+        known = {f.name for f in fields(cls)} - {"knobs"}
+        if "name" not in d:
+            raise MethodConfigError("a method config needs a name (name: my_method)")
+        method = cls(**{k: d.pop(k) for k in list(d) if k in known}, knobs=d)
+        method.check()
+        return method
 
-    def _check_ranges(self) -> None:
-        """Every numeric key, whichever parts this method uses (a sweep sets them for all methods)."""
+    def as_dict(self) -> dict:
+        """The method as its config (interpolations unresolved): what results record and resume compares."""
+        return {"name": self.name, "drafter": self.drafter, "controller": self.controller, "lookup": self.lookup,
+                "lookup_k": self.lookup_k, "needs_trained_drafter": self.needs_trained_drafter, **self.knobs}
 
-        def bad(key: str, allowed: str) -> MethodConfigError:
-            return MethodConfigError(f"method.{key}={getattr(self, key)!r} is out of range: allowed {allowed}")
+    # -- the parts ----------------------------------------------------------------------------
+    def _build(self, key: str, base: type, **extra: Any) -> Any:
+        node = OmegaConf.create(self.as_dict())  # interpolations resolve against the method's own keys
+        self._check_targets(OmegaConf.select(node, key), f"method.{key}")
+        try:
+            part = instantiate(OmegaConf.select(node, key), _convert_="all", **extra)
+        except Exception as e:  # instantiate wraps the part's own error; show that one
+            cause = str(_cause(e))
+            raise MethodConfigError(f"method {self.name}: {self._where(key, cause)}: {cause}") from None
+        if not isinstance(part, base):
+            raise MethodConfigError(f"method {self.name}: method.{key}._target_ builds a {type(part).__name__}, "
+                                    f"not a {base.__name__}: subclass sparsespec.{base.__module__.split('.', 1)[1]}"
+                                    f".{base.__name__}")
+        return part
 
-        def is_num(v) -> bool:
-            return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # not nan
+    def _where(self, key: str, message: str) -> str:
+        """The keys a user set: `method.ratio=1.5` when the part's failing field reads that short key."""
+        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)
+        found = []
+        if OmegaConf.is_dict(node):
+            for field_name, value in node.items_ex(resolve=False):
+                knob = str(value).strip("${}").lstrip(".")
+                if str(value).startswith("${") and knob in self.knobs and f"{field_name}=" in message:
+                    found.append(f"method.{knob}={self.knobs[knob]!r}")
+        return f"{', '.join(found)} (method.{key})" if found else f"method.{key}"
 
-        for key in ("k", "window", "refresh_every", "k_sink", "lookup") + (("budget",) if self.budget is not None else ()) + (
-                ("k_recent",) if self.k_recent is not None else ()):
-            if not isinstance(getattr(self, key), int) or isinstance(getattr(self, key), bool):
-                raise MethodConfigError(f"method.{key}={getattr(self, key)!r} has the wrong type: expected an integer")
-        if self.k <= 0:
-            raise bad("k", "a positive draft length (>= 1)")
-        if self.lookup < 0 or (self.drafter == "lookup" and self.lookup < 1):
-            raise bad("lookup", "an n-gram size >= 1 for drafter=lookup, else >= 0 (0: no lookup)")
-        if self.window <= 0:
-            raise bad("window", "a positive number of verification queries (>= 1)")
-        if self.refresh_every <= 0:
-            raise bad("refresh_every", "a positive number of verification rounds (>= 1)")
-        if self.k_sink < 0:
-            raise bad("k_sink", "values >= 0")
-        if self.k_recent is not None and self.k_recent < 0:
-            raise bad("k_recent", "values >= 0 (or null)")
-        if self.ratio is not None and not (is_num(self.ratio) and 0 < self.ratio <= 1):
-            raise bad("ratio", "(0, 1]: the share of the context the view keeps (or null with method.budget)")
-        if self.budget is not None:
-            floor = self.k_sink + (self.k_recent or 0)
-            if self.budget <= 0 or self.budget < floor:
-                raise bad("budget", f"a number of tokens >= k_sink + k_recent = {floor} (or null with method.ratio)")
-        if not self.candidates or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0
-                                      for c in self.candidates):
-            raise bad("candidates", "a non-empty list of positive draft lengths")
-        if not (is_num(self.beta) and 0 <= self.beta < 1):
-            raise bad("beta", "[0, 1)")
-        for key in ("h_acc_init", "h_rej_init"):
-            if not (is_num(getattr(self, key)) and getattr(self, key) >= 0):
-                raise bad(key, "an entropy in nats >= 0")
-        if not (is_num(self.gamma_init) and self.gamma_init > 0):
-            raise bad("gamma_init", "a cost ratio > 0")
+    def _check_targets(self, node: Any, path: str) -> None:
+        """Every `_target_` under node imports (one clear line instead of Hydra's traceback)."""
+        if not OmegaConf.is_dict(node):
+            return
+        target = node.get("_target_")
+        if target is not None:
+            try:
+                get_class(str(target))
+            except Exception as e:
+                first = str(_cause(e)).strip().splitlines()[-1]
+                raise MethodConfigError(
+                    f"method {self.name}: {path}._target_={target!r} cannot be imported ({first}); check the "
+                    "module path, and that a module outside the package is on PYTHONPATH") from None
+        for k, v in node.items_ex(resolve=False):
+            if k != "_target_":
+                self._check_targets(v, f"{path}.{k}")
+
+    def _drafter_class(self) -> type | None:
+        if self.drafter is None:
+            return None
+        target = self.drafter.get("_target_") if isinstance(self.drafter, dict) else None
+        if not target:
+            raise MethodConfigError(f"method {self.name}: method.drafter needs a _target_ (a Drafter class)")
+        try:
+            cls = get_class(target)
+        except Exception as e:
+            raise MethodConfigError(f"method {self.name}: method.drafter._target_={target!r} cannot be imported "
+                                    f"({_cause(e)}); check the module path and that its folder is importable") from None
+        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+            raise MethodConfigError(f"method {self.name}: method.drafter._target_={target!r} is not a "
+                                    "sparsespec.decoding.drafters.Drafter")
+        return cls
+
+    @property
+    def needs_drafter_model(self) -> bool:
+        cls = self._drafter_class()
+        return bool(cls and cls.needs_model)
 
     @property
     def speculative(self) -> bool:
-        return self.drafter != "none"
+        return self.drafter is not None or self.lookup > 0
 
-    def make_view(self) -> KVView:
-        sizes = {"budget": self.budget, "ratio": None if self.budget is not None else self.ratio}
-        try:
-            if self.view == "full":
-                return FullView()
-            if self.view == "streaming":
-                return StreamingView(**sizes, k_sink=self.k_sink, k_recent=self.k_recent)
-            return RecallIndex(**sizes, k_sink=self.k_sink, k_recent=self.k_recent if self.k_recent is not None else 64,
-                               window=self.window, refresh=self.view == "recall", refresh_every=self.refresh_every)
-        except ValueError as e:
-            raise MethodConfigError(str(e)) from e
+    def policy(self) -> KVPolicy | None:
+        """A fresh instance of the drafter's KV policy (None when it has none)."""
+        if not isinstance(self.drafter, dict) or self.drafter.get("policy") is None:
+            return None
+        return self._build("drafter.policy", KVPolicy)
 
-    def make_controller(self):
+    def make_controller(self) -> Controller:
+        if self.controller is None:
+            return FixedK()
+        return self._build("controller", Controller)
+
+    def make_lookup(self) -> PromptLookup | None:
+        if not self.lookup:
+            return None
         try:
-            if self.controller == "fixed":
-                return FixedK(int(self.k))
-            return EntropyController(tuple(self.candidates), self.beta, self.h_acc_init, self.h_rej_init,
-                                     self.gamma_init)
+            return PromptLookup(self.lookup, k=self.lookup_k)
         except ValueError as e:
-            raise MethodConfigError(str(e)) from e
+            raise MethodConfigError(f"method {self.name}: method.lookup: {e}") from None
+
+    def check(self) -> None:
+        """Build every part that needs no model once, so bad values fail before any model loads."""
+        if not isinstance(self.lookup, int) or isinstance(self.lookup, bool) or self.lookup < 0:
+            raise MethodConfigError(f"method {self.name}: method.lookup={self.lookup!r} is out of range: an "
+                                    "n-gram size >= 1, or 0 for no prompt lookup")
+        self.make_lookup()
+        self._drafter_class()
+        self.make_controller()
+        policy = self.policy()
+        if policy is not None and self.needs_drafter_model and not policy.position_only:
+            raise MethodConfigError(
+                f"method {self.name}: {type(policy).__name__} scores the target's verification attention; it "
+                "works with SelfDrafter. A small-model drafter takes StreamingKV or FullKV.")
+
+    def memory_bytes(self, target: CausalLM, tokens: int) -> int:
+        """Bytes the method's parts allocate beyond the caches at a context of `tokens`."""
+        policy = self.policy()
+        return policy.memory_bytes(target.n_layers, target.n_kv_heads, tokens) if policy else 0
 
     def build(self, target: CausalLM, drafter_model: CausalLM | None = None, prefill_chunk: int = 1024
               ) -> SpeculativeEngine:
-        """A fresh engine (fresh controller and view state) for one generation."""
-        if self.drafter == "none":
-            return SpeculativeEngine(target, None, FixedK(1), prefill_chunk)
-        if self.drafter == "lookup":
-            drafter = None
-        elif self.drafter == "self":
-            drafter = SelfDrafter(self.make_view())
-        else:
-            if drafter_model is None:
-                raise MethodConfigError(f"method {self.name} needs a drafter model: pass drafter.path=DIR")
-            drafter = ModelDrafter(drafter_model, self.make_view(), prefill_chunk)
-        if self.lookup:
-            drafter = LookupDrafter(self.lookup, fallback=drafter, k=self.k)  # copies up to method.k tokens
-        return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk)
+        """A fresh engine (fresh controller and policy state) for one generation."""
+        drafter = None
+        if self.drafter is not None:
+            if self.needs_drafter_model:
+                if drafter_model is None:
+                    raise MethodConfigError(f"method {self.name} decodes with a drafter model: set drafter.path")
+                drafter = self._build("drafter", Drafter, model=drafter_model, prefill_chunk=prefill_chunk)
+            else:
+                drafter = self._build("drafter", Drafter)
+        return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk, lookup=self.make_lookup())

@@ -3,7 +3,7 @@
 For every layer and KV head the draft attends to K_sink sinks, K_recent recent positions and the
 top-scoring historical positions, scored by the attention mass that the last W *verification*
 queries put on them (summed over the query heads of each GQA group). The statistics come from the
-verification pass the engine runs anyway (the runner's `Capture`), so refreshing costs no target
+verification pass the engine runs anyway (a `Capture`), so refreshing costs no target
 forward; the dense cache is never discarded, so a position dropped now can be recalled later.
 
 Prefill seeds the index from the last W prompt queries. With `refresh=False` the index stays at
@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sparsespec.kv.views import KVView
-from sparsespec.models.attention import attention_mass
-from sparsespec.models.runner import Capture
+from sparsespec.kv.capture import Capture, attention_mass
+from sparsespec.kv.policies import KVPolicy, KVPolicyError, PolicyState
 
 ALL_QUERIES = 1 << 30
 
 
 @dataclass
-class RecallIndex(KVView):
+class RecallIndex(KVPolicy):
     ratio: float | None = None  # default 0.10 (the paper's optimum) when no budget is given
     k_sink: int = 16
     k_recent: int | None = 64
@@ -49,18 +48,18 @@ class RecallIndex(KVView):
     _slot: int = field(default=0, repr=False)  # the ring's oldest row
     _pending: dict = field(default_factory=dict, repr=False)  # layer -> (q, lse) of the last forward
     _waiting: list = field(default_factory=list, repr=False)  # accepted (q, lse) per layer, per round not yet ingested
-    update_s: float = field(default=0.0, repr=False)  # refreshes after verification (decode time)
-    updates: int = field(default=0, repr=False)
-    seed_s: float = field(default=0.0, repr=False)  # the prefill seeding (part of prefill time)
+    update_s: float = field(default=0.0, init=False, repr=False)  # refreshes after verification (decode time)
+    updates: int = field(default=0, init=False, repr=False)
+    seed_s: float = field(default=0.0, init=False, repr=False)  # the prefill seeding (part of prefill time)
 
     def __post_init__(self) -> None:
         if self.budget is None and self.ratio is None:
             self.ratio = 0.10
         super().__post_init__()
-        if self.window <= 0:
-            raise ValueError(f"method.window must be a positive number of queries, got {self.window}")
-        if self.refresh_every <= 0:
-            raise ValueError(f"method.refresh_every must be a positive number of rounds, got {self.refresh_every}")
+        for key in ("window", "refresh_every"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise KVPolicyError(f"RecallIndex: {key}={value!r} is out of range: a positive integer")
 
     # -- capture hooks used by the engine -------------------------------------------------------
     def prefill_capture(self) -> Capture:
@@ -76,14 +75,14 @@ class RecallIndex(KVView):
         # become real (the accepted ones) is known only afterwards, so probabilities are computed then.
         self._pending[layer] = (q, lse)
 
-    def start(self, state) -> None:
+    def start(self, state: PolicyState) -> None:
         """After prefill: seed the window with the last W prompt queries."""
         t0 = time.perf_counter()
         self.ingest(state, [self._pending])
         self._pending = {}
         self.seed_s, self.update_s, self.updates = time.perf_counter() - t0, 0.0, 0
 
-    def update(self, state, n_accepted: int) -> None:
+    def update(self, state: PolicyState, n_accepted: int) -> None:
         """After verification: the pending token and the accepted drafts were real queries."""
         if not (self.refresh and self._pending):
             return
@@ -131,11 +130,14 @@ class RecallIndex(KVView):
             rows[..., :old], total[..., :old] = self._rows, self._sum
         self._rows, self._sum = rows, total
 
-    # -- the view --------------------------------------------------------------------------------
-    def score(self, length: int) -> torch.Tensor:
+    # -- the policy ------------------------------------------------------------------------------
+    def score(self, state: PolicyState) -> torch.Tensor:
         if self._sum is None:
             raise RuntimeError("RecallIndex has no attention statistics: run prefill with its capture")
-        return self._sum[..., :length]
+        return self._sum[..., : state.cache.length]
+
+    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
+        return n_layers * (self.window + 1) * n_kv_heads * (tokens + 1024) * 4  # the ring and its sum, fp32
 
     def report(self) -> dict:
         return {"index_update_s": self.update_s, "index_updates": self.updates, "index_seed_s": self.seed_s}

@@ -5,7 +5,7 @@ Why our own: the engine needs three things transformers' attention path does not
 repeat_kv copy of the keys for GQA, a causal block of q new tokens at the end of an arbitrary
 (possibly gathered, per-head) key set, and the attention mass per KV head that the recall index
 reuses from verification at no extra forward. The fused kernel never materialises probabilities,
-but it returns each query's log-sum-exp; `attention_mass` turns that back into exact probabilities
+but it returns each query's log-sum-exp; `kv.capture.attention_mass` turns that back into exact probabilities
 for just the queries that were accepted, one matmul over the keys (docs/performance.md).
 
 The fast path (CPU, default causal-block visibility) splits the keys in two, as LongSpec does:
@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sparsespec.kv.capture import causal_block_mask
+
 # Up to this many queries the reference path materialises the scores (decode, drafting,
 # verification); above it (prefill chunks) SDPA's fused kernel keeps memory at O(n) not O(n * T).
 SMALL_QUERY_BLOCK = 64
@@ -35,11 +37,6 @@ SPLIT_FROM = 4096
 # The fused CPU kernel that also returns the log-sum-exp of each query row (private aten op, present
 # since torch 2.2); without it every call takes the reference path.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def causal_block_mask(n: int, total: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[n, total] bool mask: query i (the i-th of the last n entries) sees keys <= total - n + i."""
-    return torch.ones(n, total, dtype=torch.bool, device=device).tril(total - n)
 
 
 def attend(
@@ -63,25 +60,6 @@ def attend(
         out, lse = _attend_split(q, k, v, scale)
         return out, (lse[:, q.shape[1] - c :] if c else None)
     return _attend_reference(q, k, v, scale, mask, c)
-
-
-def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention probabilities of c queries that were the last c positions of the keys k, summed
-    over the query heads of each KV group: [Hkv, c, T] float32.
-
-    q: [Hq, c, D] (after RoPE, as attended); lse: [Hq, c] from `attend(lse_rows=...)`; k: [Hkv, T, D].
-    exp(q.k * scale - lse) is each probability exactly, so no max/sum pass over the keys is needed:
-    one matmul over the keys, one exp, one sum over the group.
-    """
-    hq, c, d = q.shape
-    hkv, total, _ = k.shape
-    group = hq // hkv
-    s = q.reshape(hkv, group * c, d) @ k.transpose(1, 2)  # [Hkv, G*c, T]
-    s = s.float() if s.dtype != torch.float32 else s
-    s = s.mul_(scale).sub_(lse.reshape(hkv, group * c, 1)).exp_().view(hkv, group, c, total)
-    tail = min(c, total)  # query j (of c) sees keys up to total - c + j: zero the later ones
-    s[..., total - tail :].masked_fill_(~causal_block_mask(c, tail, q.device)[-c:], 0.0)
-    return s.sum(1)
 
 
 def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

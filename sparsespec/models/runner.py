@@ -9,25 +9,14 @@ checks its logits against transformers' own forward for several families.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sparsespec.kv.cache import KVCache
+from sparsespec.kv.capture import Capture
 from sparsespec.models.attention import attend
-
-
-@dataclass
-class Capture:
-    """Ask a forward to report attention: `observe(layer, q, lse)` gets, for every layer, the last
-    `last` queries after RoPE, [n_heads, c, head_dim], and the log-sum-exp of their scores, [n_heads, c]
-    (c = min(last, n)). `attention.attention_mass` turns them into probabilities over the cache's
-    keys when (and for whichever of them) they are needed."""
-
-    last: int
-    observe: Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 class UnsupportedModelError(ValueError):

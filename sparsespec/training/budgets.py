@@ -1,8 +1,8 @@
 """Which sparse views a training step sees, and the attention mask each one means.
 
-A view's training mask is *the* inference mask: `StreamingView(budget=B, k_sink).mask(0, n, n)`,
+A view's training mask is *the* inference mask: `StreamingKV(budget=B, k_sink).mask(0, n, n)`,
 the visibility a drafter computing its own KV under that view uses at decode time (see
-sparsespec/kv/views.py), so the drafter is trained on exactly the keys it will see.
+sparsespec/kv/policies.py), so the drafter is trained on exactly the keys it will see.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sparsespec.kv.views import StreamingView
+from sparsespec.kv.policies import StreamingKV
 
 log = logging.getLogger(__name__)
 
 
 def view_mask(budget: int, k_sink: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[1, 1, n, n] bool (True = visible) 4D mask for a HF forward over a length-n sequence."""
-    return StreamingView(budget=budget, k_sink=k_sink).mask(0, n, n, device=device)[None, None]
+    return StreamingKV(budget=budget, k_sink=k_sink).mask(0, n, n, device=device)[None, None]
 
 
 def sparse_rows(budget: int, n: int) -> int:

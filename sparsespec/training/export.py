@@ -3,7 +3,7 @@
 `<out_dir>/drafter/` holds config.json, model.safetensors and the tokenizer, so
 `AutoModelForCausalLM.from_pretrained(dir)` (and `sparsespec.models.loading.load_model(dir)`)
 loads it. `<cache_root>/drafters/LATEST` is a text file with the absolute path of the newest
-export; `latest_drafter_path()` is what `evaluate.py method=budgetdraft` uses by default.
+export (sparsespec.models.exports); it is what `evaluate.py method=budgetdraft` uses by default.
 """
 
 from __future__ import annotations
@@ -16,31 +16,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from sparsespec.models.embedded import cache_root
-
-LATEST = "LATEST"
-
-
-def drafters_root() -> Path:
-    return cache_root() / "drafters"
-
-
-def latest_drafter_path() -> Path | None:
-    """The newest exported drafter directory, or None if nothing was exported (or it was deleted)."""
-    pointer = drafters_root() / LATEST
-    try:
-        path = Path(pointer.read_text().strip())
-    except OSError:
-        return None
-    return path if (path / "config.json").is_file() else None
-
-
-def set_latest(path: Path) -> None:
-    root = drafters_root()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{LATEST}.{os.getpid()}.tmp"
-    tmp.write_text(str(Path(path).resolve()) + "\n")
-    os.replace(tmp, root / LATEST)
+from sparsespec.models.exports import latest_drafter_path, set_latest  # noqa: F401 (re-exported)
 
 
 def export_drafter(model: PreTrainedModel, tokenizer: Any, out_dir: str | Path, info: dict | None = None,

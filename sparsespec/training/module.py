@@ -12,6 +12,8 @@ the full view and each eval budget, over the second half of each sequence (where
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from typing import Any
 
@@ -21,6 +23,8 @@ from transformers import PreTrainedModel
 
 from sparsespec.training.budgets import BudgetSampler, sparse_rows, view_mask
 from sparsespec.training.losses import BudgetDraftLoss
+
+log = logging.getLogger(__name__)
 
 
 def accepted_run(agree: torch.Tensor, k: int) -> torch.Tensor:
@@ -36,6 +40,39 @@ def accepted_run(agree: torch.Tensor, k: int) -> torch.Tensor:
         run = run * shifted
         total = total + run
     return total[: max(n - k + 1, 1)].mean()
+
+
+def schedule_steps(trainer: L.Trainer) -> int:
+    """The optimizer steps the LR schedule spans: Lightning's `estimated_stepping_batches`, i.e.
+    trainer.max_steps, or trainer.max_epochs x optimizer steps per epoch when that ends training
+    first (max_steps=-1: max_epochs alone, Lightning's default 1000 when it is unset too).
+
+    When the length depends on the epochs, the steps per epoch are counted on a loader of the
+    datamodule's own, as Lightning counts them (limit_train_batches, accumulate_grad_batches):
+    Lightning's estimate would set the fit loop's train loader up here, before a resumed run
+    restores its position, which is then never restored (Lightning-AI/pytorch-lightning#20550),
+    so a resumed run would redraw the epoch from its start."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps == -1 and max_epochs == -1:
+        raise ValueError("trainer.max_steps=-1 and trainer.max_epochs=-1 set no end to training, and the "
+                         "learning-rate schedule needs one: set trainer.max_steps=N or trainer.max_epochs=N")
+    dm = trainer.datamodule
+    if max_epochs == -1 or trainer.train_dataloader is not None or dm is None:
+        total = trainer.estimated_stepping_batches
+    else:
+        batches = len(dm.train_dataloader())
+        limit = trainer.limit_train_batches
+        batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        total = math.ceil(batches / trainer.accumulate_grad_batches) * max(max_epochs, 1)
+        if max_steps != -1:
+            total = min(total, max_steps)
+        log.info("learning-rate schedule: %d optimizer steps (trainer.max_epochs=%s x %d per epoch%s)", total,
+                 max_epochs, math.ceil(batches / trainer.accumulate_grad_batches),
+                 f", capped by trainer.max_steps={max_steps}" if max_steps != -1 else "")
+    if not math.isfinite(total) or total < 0:  # e.g. an iterable loader without a length and max_steps=-1
+        raise ValueError(f"trainer.max_steps={max_steps} with trainer.max_epochs={max_epochs} gives the learning-rate "
+                         "schedule no length (the training loader has none): set trainer.max_steps=N")
+    return max(int(total), 1)
 
 
 class BudgetDraftModule(L.LightningModule):
@@ -120,7 +157,7 @@ class BudgetDraftModule(L.LightningModule):
         o = self.optim
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o["lr"], weight_decay=o["weight_decay"], betas=tuple(o["betas"]))
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        total = schedule_steps(self.trainer)
         warm = max(int(o["warmup_ratio"] * total), 1)
         floor = float(o["min_lr_ratio"])
 

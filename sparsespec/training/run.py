@@ -82,6 +82,21 @@ def check_drafter_tokenizer(cfg: DictConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_training_length(tcfg: DictConfig) -> None:
+    """trainer.max_steps / trainer.max_epochs must end training: the learning-rate schedule (warmup,
+    cosine decay) spans that many optimizer steps (module.schedule_steps). max_steps=-1 means
+    max_epochs alone (null: Lightning's 1000); fast_dev_run sets its own length. Types and
+    max_steps' range are checked by validate_train_config; ConfigError before any model loads."""
+    epochs = tcfg.get("max_epochs")
+    if epochs is not None and epochs != -1 and epochs < 1:
+        raise ConfigError(f"trainer.max_epochs={epochs} is out of range: allowed a positive number of epochs, "
+                          "-1 (no epoch limit: training ends at trainer.max_steps) or null (Lightning's default)")
+    if tcfg.get("max_steps", -1) == -1 and epochs == -1 and not tcfg.get("fast_dev_run"):
+        raise ConfigError("trainer.max_steps=-1 with trainer.max_epochs=-1 sets no end to training, and the "
+                          "learning-rate schedule needs its length: set trainer.max_steps=N (optimizer steps) "
+                          "or trainer.max_epochs=N (passes over the training windows)")
+
+
 def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | None = None) -> dict[str, Any]:
     """Run one training job; returns trainer, module, datamodule, export dir and metrics.
 
@@ -89,6 +104,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
     the key, before any model loads). `callbacks`: extra Lightning callbacks (tests record steps).
     `command` (the command line, as train.py passes it) is kept in metrics.json."""
     validate_train_config(cfg)
+    check_training_length(cfg.trainer)
     check_drafter_tokenizer(cfg)
     t_start = time.perf_counter()
     if cfg.get("threads"):

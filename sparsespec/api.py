@@ -1,0 +1,107 @@
+"""The Python API: the same method objects evaluate.py builds from the same config, without Hydra's
+command line.
+
+    import sparsespec
+    pipe = sparsespec.pipeline("sparsespec_l", model=None, ratio=0.05)   # None: the embedded SmolLM2
+    out = pipe.generate("Once upon a time", max_new_tokens=64, on_token=print)
+    out.text, out.output_ids, out.acceptance_rate, out.tokens_per_s
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparsespec.config import load_method
+from sparsespec.decoding.engine import GenerationResult
+from sparsespec.decoding.sampling import Sampling
+from sparsespec.eval.methods import Method, MethodConfigError
+from sparsespec.models.loading import LoadedModel, load_model
+from sparsespec.models.runner import CausalLM
+
+
+@dataclass
+class Output:
+    text: str
+    output_ids: list[int]
+    acceptance_rate: float | None  # accepted / drafted (None for ar)
+    tokens_per_s: float  # decoding after the prefill
+    result: GenerationResult  # every measurement of the run (rounds, time split, part reports)
+
+
+@dataclass
+class Pipeline:
+    method: Method
+    loaded: LoadedModel
+    target: CausalLM
+    drafter_model: CausalLM | None = None
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, on_token: Callable[[int], Any] | None = None,
+                 chat: bool = False, stop_at_eos: bool = True) -> Output:
+        """Decode after `prompt` (a string, tokenized as it is unless chat=True applies the model's
+        chat template; or token ids). `on_token` gets each token id as soon as it is verified."""
+        tok = self.loaded.tokenizer
+        if isinstance(prompt, str):
+            if chat:
+                ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            else:
+                ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        else:
+            ids = [int(t) for t in prompt]
+        eos = (tok.eos_token_id,) if stop_at_eos and tok.eos_token_id is not None else ()
+        engine = self.method.build(self.target, self.drafter_model)
+        res = engine.generate(ids, max_new_tokens, Sampling(temperature, top_p), seed=seed, eos_token_ids=eos,
+                              on_token=on_token)
+        return Output(tok.decode(res.output_ids, skip_special_tokens=True), res.output_ids, res.acceptance_rate,
+                      res.tokens_per_s, res)
+
+
+def _override(key: str, value: Any) -> str:
+    key = key.replace("__", ".")
+    if key == "controller" and isinstance(value, str):
+        return f"method/controller={value}"
+    if isinstance(value, list | tuple):
+        value = "[" + ",".join(str(v) for v in value) + "]"
+    elif value is None:
+        value = "null"
+    return f"method.{key}={value}"
+
+
+def pipeline(method: str, model: str | Path | None = None, drafter: str | Path | None = None,
+             ctx: int | None = None, dtype: str = "float32", config_dir: str | Path | None = None,
+             **overrides: Any) -> Pipeline:
+    """A ready method on a loaded model.
+
+    method: a name in conf/method (or in `config_dir`/method for your own methods); model: a local
+    directory, a .gguf file, a hub id, or None for the embedded SmolLM2; drafter: the drafter model
+    for small-model methods (default for budgetdraft: the latest export); ctx: the longest prompt +
+    output you will run (YaRN is applied past the model's trained positions, as in evaluate.py).
+    overrides: the method's keys, `ratio=0.05`, `controller="fixed"`, `controller__k=8`
+    (= `method.controller.k=8`). Raises ConfigError / ModelLoadError with the key or path to fix.
+    """
+    from sparsespec.config import compose, register_configs
+
+    register_configs()
+    ovr = [_override(k, v) for k, v in overrides.items()]
+    if config_dir is None:
+        m = load_method(method, ovr)
+    else:  # a user's config folder searched after the package's own
+        from sparsespec.config import CONF_DIR, check_method
+
+        cfg = compose("evaluate", [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", f"method={method}",
+                                   *ovr], config_dir=CONF_DIR)
+        m = check_method(cfg.method)
+    loaded = load_model(model, dtype=dtype, ctx=ctx)
+    drafter_model = None
+    if m.needs_drafter_model:
+        if drafter is None and m.needs_trained_drafter:
+            from sparsespec.models.exports import latest_drafter_path
+
+            drafter = latest_drafter_path()
+        if drafter is None:
+            raise MethodConfigError(f"method {m.name} decodes with a drafter model: pass drafter=DIR")
+        drafter_model = CausalLM(load_model(drafter, dtype=dtype, ctx=ctx).model)
+    return Pipeline(m, loaded, CausalLM(loaded.model), drafter_model)
