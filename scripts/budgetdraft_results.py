@@ -40,6 +40,7 @@ the output, next to AR's distinct-token share per quarter.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import shlex
@@ -55,22 +56,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import write_section  # noqa: E402
 
-from sparsespec.data.pg19 import load_books, pg19_split  # noqa: E402
+from sparsespec.config import load_method  # noqa: E402
+from sparsespec.data import load_samples  # noqa: E402
 from sparsespec.decoding.controllers import FixedK  # noqa: E402
 from sparsespec.decoding.drafters import ModelDrafter, PromptLookup  # noqa: E402
 from sparsespec.decoding.engine import SpeculativeEngine  # noqa: E402
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
-from sparsespec.kv.policies import FullKV, StreamingKV  # noqa: E402
+from sparsespec.kv.policies import FullKV  # noqa: E402
 from sparsespec.models.loading import load_model  # noqa: E402
 from sparsespec.models.runner import CausalLM  # noqa: E402
 from sparsespec.training.drafters import truncated  # noqa: E402
 from sparsespec.training.module import accepted_run  # noqa: E402
 
-K_SINK = 16  # conf/method/budgetdraft.yaml and the training views
 
-
+@functools.cache
 def view_for(budget: int | None):
-    return FullKV() if budget is None else StreamingKV(budget=budget, k_sink=K_SINK)
+    """The budgetdraft method's own policy (conf/method/budgetdraft.yaml) at another budget."""
+    if budget is None:
+        return FullKV()
+    return load_method("budgetdraft", ["method.ratio=null", f"method.budget={budget}"]).policy()
 
 
 def parse_groups(specs: list[str]) -> dict[str, list[str]]:
@@ -94,18 +98,12 @@ def parse_groups(specs: list[str]) -> dict[str, list[str]]:
 
 
 def held_out_windows(tokenizer, ctx: int, n_books: int, data: str | None, offset: float = 0.02):
-    rows = load_books(data)
-    _, held = pg19_split([str(r["short_book_title"]) for r in rows])
-    out = []
-    for r in rows:
-        if str(r["short_book_title"]) in held and len(out) < n_books:
-            text = r["text"][int(len(r["text"]) * offset):]
-            ids = tokenizer(text[: ctx * 8], add_special_tokens=False)["input_ids"][:ctx]
-            if len(ids) == ctx:
-                out.append((str(r["short_book_title"]), ids))
-    if not out:
+    """(title, ids) of `ctx`-token windows of the books held out from drafter training, as evaluate.py
+    cuts them (dataset=pg19 dataset.split=eval)."""
+    samples = load_samples("pg19", tokenizer, ctx, path=data, limit=n_books, split="eval", offset=offset)
+    if not samples:
         raise SystemExit(f"no held-out book has {ctx} tokens after the {offset:.0%} offset")
-    return out
+    return [(s.sample_id.split("/", 1)[-1], s.prompt_ids) for s in samples]
 
 
 @torch.inference_mode()

@@ -2,15 +2,12 @@
 SmolLM2-135M's cache (30 layers, 3 KV heads of 64, 9 query heads) at one context length.
 
     .venv/bin/python scripts/microbench.py --ctx 32k            # gather, attention mass, key read
-    .venv/bin/python scripts/microbench.py --ctx 4k --compile   # + torch.compile of the small ops
 
 - gather: a 10% sparse view copied into the reused compact cache, torch.gather (the index
   expanded over head_dim) vs index_select of whole rows per head (what KVCache.gather does);
 - attention mass: the recall index's pass over the keys for c accepted queries
   (kv.capture.attention_mass), against a plain streaming read of the same keys (K.sum()), and
-  the share of it that is the query-key product alone;
-- --compile: one decode step of the embedded model, eager vs the per-layer small ops under
-  torch.compile (a standalone copy of the layer loop; loads the model).
+  the share of it that is the query-key product alone.
 Prints the median of --repeats timed calls after one warm-up.
 """
 
@@ -23,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -81,67 +77,14 @@ def bench_mass(ctx: int, repeats: int) -> None:
         print(f"  of which the product: {mm:.1f} ms ({gflop / mm * 1000:.0f} GFLOP/s), the rest {ms - mm:.1f} ms")
 
 
-def bench_compile(ctx: int, repeats: int) -> None:
-    from sparsespec.models import attention as A
-    from sparsespec.models.loading import load_model
-    from sparsespec.models.runner import CausalLM
-
-    lm = CausalLM(load_model(None, "float32", ctx=ctx + 64).model)
-    cache = lm.new_cache(ctx + 64)
-    lm.prefill(torch.randint(0, 40000, (ctx,)), cache, 1024)
-    base, tok = cache.length, torch.tensor([5])
-
-    def step(forward):
-        cache.crop(base)
-        return forward(tok)
-
-    def pre(x, ln_w, eps: float, w, b, cos, sin, hq: int, hkv: int, d: int):
-        n = x.shape[1]
-        qkv = F.linear(F.rms_norm(x, (x.shape[-1],), ln_w, eps)[0], w, b).view(n, -1, d).transpose(0, 1)
-        qk = qkv[: hq + hkv]
-        qk = qk * cos + torch.cat((-qk[..., d // 2 :], qk[..., : d // 2]), -1) * sin
-        return qk[:hq], qk[hq:], qkv[hq + hkv :]
-
-    def post(x, a, ln_w, gu_w, d_w, eps: float):
-        x = x + a
-        g, u = F.linear(F.rms_norm(x, (x.shape[-1],), ln_w, eps), gu_w).chunk(2, dim=-1)
-        return x + F.linear(F.silu(g) * u, d_w)
-
-    cpre, cpost = torch.compile(pre, dynamic=False), torch.compile(post, dynamic=False)
-
-    @torch.inference_mode()
-    def compiled(ids):
-        x = lm.embed(ids)[None]
-        cos, sin = lm.rotary(x, torch.tensor([[cache.length]]))
-        for i, layer in enumerate(lm.layers):
-            ln, pl = layer.input_layernorm, layer.post_attention_layernorm
-            q, k, v = cpre(x, ln.weight, ln.variance_epsilon, *lm._qkv[i], cos[0], sin[0], lm.n_heads,
-                           lm.n_kv_heads, lm.head_dim)
-            keys, values = cache.write(i, k, v)
-            out, _ = A.attend(q, keys, values, lm.scale)
-            a = layer.self_attn.o_proj(out.transpose(0, 1).reshape(1, 1, -1))
-            x = cpost(x, a, pl.weight, lm._gate_up[i], layer.mlp.down_proj.weight, pl.variance_epsilon)
-        cache.advance(1)
-        return lm.lm_head(lm.norm(x))[0].float()
-
-    eager_out, comp_out = step(lambda t: lm.forward(t, cache, logits="last")), step(compiled)
-    eager = median_ms(lambda: step(lambda t: lm.forward(t, cache, logits="last")), repeats)
-    comp = median_ms(lambda: step(compiled), repeats)
-    print(f"decode step at {ctx}: eager {eager:.1f} ms, compiled small ops {comp:.1f} ms ({eager / comp:.2f}x); "
-          f"max |logit diff| {(comp_out - eager_out).abs().max():.1e}, same argmax {bool(comp_out.argmax() == eager_out.argmax())}")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", default="32k")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--compile", action="store_true", help="also time torch.compile of a decode step (loads the model)")
     args = p.parse_args(argv)
     ctx = parse_ctx(args.ctx)
     bench_gather(ctx, args.repeats)
     bench_mass(ctx, args.repeats)
-    if args.compile:
-        bench_compile(ctx, args.repeats)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import load_method, parse_ctx  # noqa: E402
+from sparsespec.data.continuation import window  # noqa: E402
 from sparsespec.decoding.sampling import Sampling  # noqa: E402
 from sparsespec.eval.harness import SharedPrefill  # noqa: E402
 from sparsespec.eval.summary import ctx_label, distinct_by_part  # noqa: E402
@@ -92,16 +93,11 @@ def source_text(path: str | None) -> str:
 
 
 def prompt_ids(tokenizer, text: str, ctx: int) -> list[int]:
-    ids: list[int] = []
-    # tokenize only as much text as needed (~4 characters a token, with margin)
-    chars = min(len(text), ctx * 6)
-    ids = tokenizer(text[:chars], add_special_tokens=False)["input_ids"]
-    if len(ids) < ctx:
-        if not ids:
-            raise SystemExit("the source text gives no tokens")
-        log.warning("the text has %d tokens < ctx=%d: repeating it", len(ids), ctx)
-        ids = (ids * (ctx // len(ids) + 1))
-    return ids[:ctx]
+    """The first `ctx` tokens of the text, cut as evaluate.py cuts a continuation window."""
+    ids = window(tokenizer, text, ctx, 0).ids
+    if ids is None:
+        raise SystemExit(f"the source text has fewer than ctx={ctx} tokens: pass a longer --text")
+    return ids
 
 
 def soak_one(args, ctx: int, text: str, t0: float) -> dict:

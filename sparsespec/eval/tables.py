@@ -104,23 +104,36 @@ def bench_machine(report: dict) -> str:
 
 
 def bench_split(report: dict) -> str:
-    """Where a speculative round's time goes, and what the speedup identity predicts from the same
-    run's α, k and γ beside the measured ratio."""
+    """Where a speculative round's time goes, in ms and in ar steps, the acceptance at which a round
+    pays for itself, and what the speedup identity predicts from the same run's α, k and γ beside
+    the measured ratio."""
     lines = ["ms per round, mean over samples: drafting all its tokens, the verification pass, the recall-index "
-             "update, and the rest (sampling, bookkeeping, Python). Predicted: S = (αk + 1) / (kγ + 1) from the "
-             "row's own α, k and γ.", "",
-             "| ctx | method | draft | verify | index update | other | tokens / round | × our ar | predicted |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for (c, method), rs in _groups(report).items():
+             "update, and the rest (sampling, bookkeeping, Python). In ar steps (1 / ar's tokens/s at that ctx): "
+             "one draft token, the verification pass, and the index update. Break-even α: the acceptance at "
+             "which a round of this k costs what its tokens cost ar, (k·draft + verify + index − 1) / k in ar "
+             "steps. Predicted: S = (αk + 1) / (kγ + 1) from the row's own α, k and γ (verification costing "
+             "one ar step).", "",
+             "| ctx | method | draft | verify | index update | other | draft token (ar steps) | verify (ar steps) "
+             "| index (ar steps) | α | break-even α | tokens / round | × our ar | predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups = _groups(report)
+    for (c, method), rs in groups.items():
         if not any(r.get("draft_ms") is not None for r in rs):
             continue
         ms = {k: statistics.fmean(r[k] for r in rs if r.get(k) is not None)
               for k in ("draft_ms", "verify_ms", "index_ms", "other_ms")}
         alpha, k, gamma = (_mean(r.get(key) for r in rs) for key in ("acceptance", "k_mean", "gamma"))
         predicted = (alpha * k + 1) / (k * gamma + 1) if None not in (alpha, k, gamma) else None
+        ar = groups.get((c, "ar"))
+        step = 1000 / statistics.fmean(r["tok_s"] for r in ar) if ar else None
+        steps = {key: ms[key] / step if step else None for key in ("draft_ms", "verify_ms", "index_ms")}
+        d = steps["draft_ms"] / k if step and k else None
+        even = (k * d + steps["verify_ms"] + steps["index_ms"] - 1) / k if d is not None else None
         lines.append(f"| {ctx_label(c)} | {method} | {ms['draft_ms']:.1f} | {ms['verify_ms']:.1f} | "
-                     f"{ms['index_ms']:.1f} | {ms['other_ms']:.1f} | {_fmt(_mean(r.get('tau') for r in rs))} | "
-                     f"{mean_std([r.get('vs_ar') for r in rs])} | {_fmt(predicted)} |")
+                     f"{ms['index_ms']:.1f} | {ms['other_ms']:.1f} | {_fmt(d)} | {_fmt(steps['verify_ms'])} | "
+                     f"{_fmt(steps['index_ms'])} | {_fmt(alpha)} | {_fmt(even)} | "
+                     f"{_fmt(_mean(r.get('tau') for r in rs))} | {mean_std([r.get('vs_ar') for r in rs])} | "
+                     f"{_fmt(predicted)} |")
     return "\n".join(lines)
 
 
