@@ -84,6 +84,9 @@ def main(cfg: DictConfig) -> None:
     from sparsespec.eval.harness import EvaluationError, run_evaluation
 
     args = ARGS if ARGS is not None else list(HydraConfig.get().overrides.task)
+    if METHOD_LIST and not any(a.startswith("out_dir=") for a in args):  # name the default out_dir by the list
+        listed = ",".join([f"method=[{','.join(METHOD_LIST)}]", *METHOD_OVERRIDES])
+        cfg.out_dir = str(cfg.out_dir).replace(f"method={METHOD_LIST[0]}", listed, 1)
     command = " ".join(["python evaluate.py", *(shlex.quote(o) for o in args)])
     try:
         methods = method_configs(cfg)

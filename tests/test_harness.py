@@ -536,3 +536,24 @@ def test_low_precision_speculative_run_warns_about_token_identity(env, tmp_path,
     with caplog.at_level(logging.WARNING, logger="sparsespec.eval.harness"):
         run_inproc(env, tmp_path / "fp32", "gen.max_new_tokens=4", methods=("magicdec",))
     assert not any("near-tied" in r.getMessage() for r in caplog.records)
+
+
+def test_a_method_list_is_composed_per_method_not_merged_by_hydra(monkeypatch):
+    """`method=[a,b]` would make Hydra merge both method files (their nested controller defaults
+    clash); evaluate.py takes the list and the `method.` overrides off the command line first."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import evaluate
+    finally:
+        sys.path.remove(str(ROOT))
+    for name, value in (("METHOD_LIST", None), ("METHOD_OVERRIDES", []), ("ARGS", None)):
+        monkeypatch.setattr(evaluate, name, value)  # module state, restored after the test
+    argv = ["evaluate.py", "ctx=4k", "method=[ar,magicdec,sparsespec_l]", "method.ratio=0.2",
+            "method/controller=fixed", "limit=1"]
+    assert evaluate.take_method_list(argv) == ["evaluate.py", "ctx=4k", "limit=1", "method=ar"]
+    assert evaluate.METHOD_LIST == ["ar", "magicdec", "sparsespec_l"]
+    assert evaluate.METHOD_OVERRIDES == ["method.ratio=0.2", "method/controller=fixed"]
+    assert evaluate.ARGS == argv[1:]
+    monkeypatch.setattr(evaluate, "METHOD_LIST", None)
+    assert evaluate.take_method_list(["evaluate.py", "method=magicdec"]) == ["evaluate.py", "method=magicdec"]
+    assert evaluate.METHOD_LIST is None
