@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import VOCAB, random_prompt, tiny_config
+from test_runner import assert_blocks_match_transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, MistralConfig, PreTrainedTokenizerFast
 
@@ -117,18 +118,7 @@ def test_rule_agrees_with_transformers(family, over, window):
     ("qwen2", dict(use_sliding_window=True, sliding_window=90, max_window_layers=0)),  # refused before
 ], ids=["mistral_w90", "mistral_default", "mistral_none", "qwen2_sliding_w90"])
 def test_logits_match_transformers_within_the_window(family, over):
-    hf = family_hf(family, **over)
-    ids = torch.tensor(random_prompt(90))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-    lm = CausalLM(hf)
-    cache = lm.new_cache(capacity=8)
-    out, start = [], 0
-    for n in (70, 1, 2, 5, 12):  # a prefill, then decode and verification-sized blocks
-        out.append(lm.forward(ids[start : start + n], cache))
-        start += n
-    torch.testing.assert_close(torch.cat(out), ref, atol=2e-5, rtol=1e-4)
-    assert cache.length == 90
+    assert_blocks_match_transformers(family_hf(family, **over))
 
 
 @pytest.mark.parametrize("window", [64, None], ids=["w64", "none"])
