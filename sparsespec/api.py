@@ -82,18 +82,7 @@ def pipeline(method: str, model: str | Path | None = None, drafter: str | Path |
     overrides: the method's keys, `ratio=0.05`, `controller="fixed"`, `controller__k=8`
     (= `method.controller.k=8`). Raises ConfigError / ModelLoadError with the key or path to fix.
     """
-    from sparsespec.config import compose, register_configs
-
-    register_configs()
-    ovr = [_override(k, v) for k, v in overrides.items()]
-    if config_dir is None:
-        m = load_method(method, ovr)
-    else:  # a user's config folder searched after the package's own
-        from sparsespec.config import CONF_DIR, check_method
-
-        cfg = compose("evaluate", [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]", f"method={method}",
-                                   *ovr], config_dir=CONF_DIR)
-        m = check_method(cfg.method)
+    m = load_method(method, [_override(k, v) for k, v in overrides.items()], search_path=config_dir)
     loaded = load_model(model, dtype=dtype, ctx=ctx)
     drafter_model = None
     if m.needs_drafter_model:

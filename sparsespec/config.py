@@ -336,13 +336,16 @@ def compose(name: str = "evaluate", overrides: list[str] | tuple[str, ...] = (),
         return hydra_compose(name, overrides=list(overrides))
 
 
-def load_method(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """conf/method/<name>.yaml with `method...` overrides -> a checked Method. Raises ConfigError."""
+def load_method(name: str, overrides: list[str] | tuple[str, ...] = (), search_path: str | Path | None = None
+                ) -> Any:
+    """conf/method/<name>.yaml with `method...` overrides -> a checked Method. `search_path`: a user's
+    config folder (its method/ files) searched besides the package's own. Raises ConfigError."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    extra = [f"hydra.searchpath=[file://{Path(search_path).resolve()}]"] if search_path is not None else []
     try:
-        cfg = compose("evaluate", [f"method={name}", *overrides])
+        cfg = compose("evaluate", [*extra, f"method={name}", *overrides])
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(str(e).strip().splitlines()[0]) from None
     return check_method(cfg.method)

@@ -179,7 +179,8 @@ def drafter_dirs(cfg: DictConfig, rows: Iterable[dict]) -> list[Path]:
     (budgetdraft) falls back to."""
     from sparsespec.eval.methods import Method
 
-    methods = [Method.from_config(r["method_config"]) for r in rows if r.get("method_config")]
+    configs = {r["method"]: r["method_config"] for r in rows if r.get("method_config")}  # one per method
+    methods = [Method.from_config(c) for c in configs.values()]
     if not any(m.needs_drafter_model for m in methods):
         return []
     path = OmegaConf.select(cfg, "drafter.path", default=None)

@@ -61,10 +61,10 @@ class Method:
 
     # -- the parts ----------------------------------------------------------------------------
     def _build(self, key: str, base: type, **extra: Any) -> Any:
-        node = OmegaConf.create(self.as_dict())  # interpolations resolve against the method's own keys
-        self._check_targets(OmegaConf.select(node, key), f"method.{key}")
+        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)  # interpolations: the method's keys
+        self._check_targets(node, f"method.{key}")
         try:
-            part = instantiate(OmegaConf.select(node, key), _convert_="all", **extra)
+            part = instantiate(node, _convert_="all", **extra)
         except Exception as e:  # instantiate wraps the part's own error; show that one
             cause = str(_cause(e))
             raise MethodConfigError(f"method {self.name}: {self._where(key, cause)}: {cause}") from None
@@ -108,11 +108,8 @@ class Method:
         target = self.drafter.get("_target_") if isinstance(self.drafter, dict) else None
         if not target:
             raise MethodConfigError(f"method {self.name}: method.drafter needs a _target_ (a Drafter class)")
-        try:
-            cls = get_class(target)
-        except Exception as e:
-            raise MethodConfigError(f"method {self.name}: method.drafter._target_={target!r} cannot be imported "
-                                    f"({_cause(e)}); check the module path and that its folder is importable") from None
+        self._check_targets(OmegaConf.create(self.drafter), "method.drafter")
+        cls = get_class(target)
         if not (isinstance(cls, type) and issubclass(cls, Drafter)):
             raise MethodConfigError(f"method {self.name}: method.drafter._target_={target!r} is not a "
                                     "sparsespec.decoding.drafters.Drafter")
