@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from sparsespec.config import register_configs
+from sparsespec.config import ConfigError, compose, hydra_error_line, register_configs
 
 register_configs()
 log = logging.getLogger("evaluate")
@@ -49,7 +49,8 @@ def take_method_list(argv: list[str]) -> list[str]:
 
 def method_configs(cfg: DictConfig) -> list[DictConfig]:
     """One composed method config per listed method. A `method.key=` or `method/group=` override
-    applies to each listed method that has that key (`method.ratio=0.05` leaves ar alone); one that
+    applies to each listed method that has that key (`method.drafter.policy.ratio=0.05` leaves ar
+    alone); one that
     no listed method has is an error."""
     if not METHOD_LIST:
         return [cfg.method]
@@ -63,9 +64,30 @@ def method_configs(cfg: DictConfig) -> list[DictConfig]:
         used.update(mine)
         out.append(hydra.compose("evaluate", overrides=[*base, *mine]).method)
     for o in METHOD_OVERRIDES:
-        if o not in used:  # Hydra's own error, naming the key
-            hydra.compose("evaluate", overrides=[*common, f"method={METHOD_LIST[0]}", o])
+        if o not in used:  # Hydra's own error, naming the key (OmegaConf asserts below a null part)
+            try:
+                hydra.compose("evaluate", overrides=[*common, f"method={METHOD_LIST[0]}", o])
+            except AssertionError:
+                raise ConfigError(f"{o}: no listed method has this key") from None
     return out
+
+
+def refuse_parts_a_method_lacks(argv: list[str]) -> None:
+    """One method and an override below a part it lacks (`method=ar method.drafter.policy.ratio=0.5`:
+    ar has no drafter): OmegaConf would stop with an assertion's traceback; say it in one line."""
+    ovr = [a for a in argv[1:] if a.lstrip("+~").startswith("method.") and "," not in a.partition("=")[2]]
+    if METHOD_LIST or not ovr:
+        return
+    keep = [a for a in argv[1:] if a.startswith(("method=", "hydra.searchpath="))]
+    try:
+        compose("evaluate", [*keep, *ovr])
+    except AssertionError:
+        name = next((a.partition("=")[2] for a in keep if a.startswith("method=")), "the default method")
+        log.error("%s: %s has no such key (a part's settings sit under method.drafter, method.drafter.policy "
+                  "and method.controller; ar has no parts)", " ".join(ovr), name)
+        sys.exit(2)
+    except Exception:  # Hydra reports everything else itself, naming the key
+        return
 
 
 def _composes(overrides: list[str]) -> bool:
@@ -91,7 +113,10 @@ def main(cfg: DictConfig) -> None:
     try:
         methods = method_configs(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        log.error("%s", str(e).strip().splitlines()[0])
+        log.error("%s", hydra_error_line(e))
+        sys.exit(2)
+    except ConfigError as e:
+        log.error("%s", e)
         sys.exit(2)
     try:
         out_dir = run_evaluation(cfg, methods, command=command)
@@ -106,4 +131,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = take_method_list(sys.argv)
+    refuse_parts_a_method_lacks(sys.argv)
     main()

@@ -13,6 +13,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from sparsespec.config import register_configs
+
+register_configs()  # the config groups generated from the parts (drafter, budget, loss, data bases)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:

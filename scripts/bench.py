@@ -79,13 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def our_method(spec: str):
     """'sparsespec_l:controller=fixed:k=8' -> conf/method/sparsespec_l.yaml with the fixed controller at
-    k = 8; other `key=value` parts set `method.key` (the method file's short keys: ratio, budget, ...)."""
+    k = 8; other `key=value` parts set the drafter's KV policy (`method.drafter.policy.ratio`, ...)."""
     name, *over = spec.split(":")
     overrides = []
     for o in over:
         key, _, value = o.partition("=")
         overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}"}.get(
-            key, f"method.{o}"))
+            key, f"method.drafter.policy.{o}"))
     method = load_method(name, overrides)
     method.name = spec
     return method

@@ -74,7 +74,7 @@ def view_for(budget: int | None):
     """The budgetdraft method's own policy (conf/method/budgetdraft.yaml) at another budget."""
     if budget is None:
         return FullKV()
-    return load_method("budgetdraft", ["method.ratio=null", f"method.budget={budget}"]).policy()
+    return load_method("budgetdraft", [f"method.drafter.policy.budget={budget}"]).policy()
 
 
 def parse_groups(specs: list[str]) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ say whether it did.
 
   .venv/bin/python scripts/soak.py                          # 64k and 128k, 512 tokens, embedded model
   .venv/bin/python scripts/soak.py --ctx 2048 --new-tokens 32 --out outputs/soak_smoke
-  .venv/bin/python scripts/soak.py --ctx 64k --set method.ratio=0.05 --dtype bfloat16
+  .venv/bin/python scripts/soak.py --ctx 64k --set method.drafter.policy.ratio=0.05 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--compare", default="ar,magicdec", type=lambda v: [m for m in v.split(",") if m],
                    help="methods decoded after it on the same prefill, for speed and identity (\"\" for none)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra evaluate-config overrides, e.g. method.ratio=0.05")
+                   help="extra evaluate-config overrides, e.g. method.drafter.policy.ratio=0.05")
     p.add_argument("--model-path", default=None, help="model dir / .gguf / hub id (default: the embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--text", default=None, help="prompt source text file (default: the shipped PG-19 books)")

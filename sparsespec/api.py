@@ -2,7 +2,7 @@
 command line.
 
     import sparsespec
-    pipe = sparsespec.pipeline("sparsespec_l", model=None, ratio=0.05)   # None: the embedded SmolLM2
+    pipe = sparsespec.pipeline("sparsespec_l", model=None, drafter__policy__ratio=0.05)   # None: the embedded SmolLM2
     out = pipe.generate("Once upon a time", max_new_tokens=64, on_token=print)
     out.text, out.output_ids, out.acceptance_rate, out.tokens_per_s
 """
@@ -79,8 +79,9 @@ def pipeline(method: str, model: str | Path | None = None, drafter: str | Path |
     directory, a .gguf file, a hub id, or None for the embedded SmolLM2; drafter: the drafter model
     for small-model methods (default for budgetdraft: the latest export); ctx: the longest prompt +
     output you will run (YaRN is applied past the model's trained positions, as in evaluate.py).
-    overrides: the method's keys, `ratio=0.05`, `controller="fixed"`, `controller__k=8`
-    (= `method.controller.k=8`). Raises ConfigError / ModelLoadError with the key or path to fix.
+    overrides: the method's keys with `__` for a dot: `drafter__policy__ratio=0.05`
+    (= `method.drafter.policy.ratio=0.05`), `controller="fixed"` (= `method/controller=fixed`),
+    `controller__k=8`, `lookup=2`. Raises ConfigError / ModelLoadError with the key or path to fix.
     """
     m = load_method(method, [_override(k, v) for k, v in overrides.items()], search_path=config_dir)
     loaded = load_model(model, dtype=dtype, ctx=ctx)

@@ -32,10 +32,10 @@ def smollm2():
 
 @pytest.mark.embedded
 @pytest.mark.parametrize("name,over", [
-    ("magicdec", ["method.ratio=null", "method.budget=64"]),
-    ("sparsespec_l", ["method.ratio=0.05"]),
-    ("sparsespec_l", ["method.ratio=0.05", "method.refresh_every=4", "method.controller.candidates=[1,2,3]"]),
-    ("snapkv_self", ["method.ratio=0.05"]),
+    ("magicdec", ["method.drafter.policy.budget=64"]),
+    ("sparsespec_l", ["method.drafter.policy.ratio=0.05"]),
+    ("sparsespec_l", ["method.drafter.policy.ratio=0.05", "method.drafter.policy.refresh_every=4", "method.controller.candidates=[1,2,3]"]),
+    ("snapkv_self", ["method.drafter.policy.ratio=0.05"]),
     ("lookup", []),
 ])
 def test_shipped_methods_are_exact_on_smollm2(smollm2, name, over):

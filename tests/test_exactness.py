@@ -169,7 +169,7 @@ def test_model_drafter_that_is_the_target_is_always_accepted(family, k):
 
 
 SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
-TINY_SIZES = {"sd_sparse": ["method.budget=48"], "budgetdraft": ["method.budget=48"],
+TINY_SIZES = {"sd_sparse": ["method.drafter.policy.budget=48"], "budgetdraft": ["method.drafter.policy.budget=48"],
               "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}
 
 

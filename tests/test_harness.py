@@ -270,10 +270,10 @@ def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "dataset.path without documents": ([f"dataset.path={empty_dir}"], "holds no"),
         "ctx longer than the documents": (["ctx=1900"], "shorter than ctx=1900"),
         "ctx not a length": (["ctx=lots"], "ctx='lots'"),
-        "method.budget=0": (["method=magicdec", "method.budget=0"], "method.budget=0"),
-        "method.controller.k=0": (["method=magicdec", "method.controller.k=0"], "method.controller: k=0"),
+        "method.drafter.policy.budget=0": (["method=magicdec", "method.drafter.policy.budget=0"], "method.drafter.policy.budget=0"),
+        "method.controller.k=0": (["method=magicdec", "method.controller.k=0"], "method.controller.k=0"),
         "a zero candidate draft length": (["method=sparsespec_l", "method.controller.candidates=[0]"],
-                                             "method.controller: candidates=[0]"),
+                                             "method.controller.candidates=[0]"),
         "a _target_ that cannot be imported": (["method=magicdec", "method.drafter._target_=nosuch.Drafter"],
                                                "method.drafter._target_='nosuch.Drafter' cannot be imported"),
         "drafter with another tokenizer": (["method=sd", f"drafter.path={env['other']}"],
@@ -548,11 +548,11 @@ def test_a_method_list_is_composed_per_method_not_merged_by_hydra(monkeypatch):
         sys.path.remove(str(ROOT))
     for name, value in (("METHOD_LIST", None), ("METHOD_OVERRIDES", []), ("ARGS", None)):
         monkeypatch.setattr(evaluate, name, value)  # module state, restored after the test
-    argv = ["evaluate.py", "ctx=4k", "method=[ar,magicdec,sparsespec_l]", "method.ratio=0.2",
+    argv = ["evaluate.py", "ctx=4k", "method=[ar,magicdec,sparsespec_l]", "method.drafter.policy.ratio=0.2",
             "method/controller=fixed", "limit=1"]
     assert evaluate.take_method_list(argv) == ["evaluate.py", "ctx=4k", "limit=1", "method=ar"]
     assert evaluate.METHOD_LIST == ["ar", "magicdec", "sparsespec_l"]
-    assert evaluate.METHOD_OVERRIDES == ["method.ratio=0.2", "method/controller=fixed"]
+    assert evaluate.METHOD_OVERRIDES == ["method.drafter.policy.ratio=0.2", "method/controller=fixed"]
     assert evaluate.ARGS == argv[1:]
     monkeypatch.setattr(evaluate, "METHOD_LIST", None)
     assert evaluate.take_method_list(["evaluate.py", "method=magicdec"]) == ["evaluate.py", "method=magicdec"]

@@ -75,17 +75,17 @@ def test_shipped_evaluate_configs_validate(ovr):
 
 
 EVAL_BAD = [
-    (["method.ratio=1.5"], "method.ratio", "(0, 1]"),
-    (["method.ratio=0"], "method.ratio", "(0, 1]"),
-    (["method=magicdec", "method.ratio=null", "method.budget=8"], "method.budget", "k_sink + k_recent"),
-    (["method.budget=70", "method.ratio=null"], "method.budget", "k_sink + k_recent = 80"),
-    (["method=magicdec", "method.controller.k=0"], "method.controller: k=0", "positive"),
-    (["method=lookup", "method.controller.k=-1"], "method.controller: k=-1", "positive"),
-    (["method.window=0"], "method.window=0", "a positive integer"),
-    (["method.refresh_every=0"], "method.refresh_every=0", "a positive integer"),
+    (["method.drafter.policy.ratio=1.5"], "method.drafter.policy.ratio", "(0, 1]"),
+    (["method.drafter.policy.ratio=0"], "method.drafter.policy.ratio", "(0, 1]"),
+    (["method=magicdec", "method.drafter.policy.budget=8"], "method.drafter.policy.budget", "k_sink + k_recent"),
+    (["method.drafter.policy.budget=70"], "method.drafter.policy.budget", "k_sink + k_recent = 80"),
+    (["method=magicdec", "method.controller.k=0"], "method.controller.k=0", "positive"),
+    (["method=lookup", "method.controller.k=-1"], "method.controller.k=-1", "positive"),
+    (["method.drafter.policy.window=0"], "method.drafter.policy.window=0", "a positive integer"),
+    (["method.drafter.policy.refresh_every=0"], "method.drafter.policy.refresh_every=0", "a positive integer"),
     (["method.lookup=-2"], "method.lookup=-2", ">= 1, or 0"),
-    (["method.controller.beta=1.0"], "method.controller: beta=1.0", "[0, 1)"),
-    (["method.controller.candidates=[]"], "method.controller: candidates=[]", "positive draft lengths"),
+    (["method.controller.beta=1.0"], "method.controller.beta=1.0", "[0, 1)"),
+    (["method.controller.candidates=[]"], "method.controller.candidates=[]", "positive draft lengths"),
     (["method.drafter.policy._target_=nosuch.Policy"], "method.drafter.policy._target_='nosuch.Policy'",
      "cannot be imported"),
     (["method=sd", "+method.drafter.policy={_target_:sparsespec.kv.recall.RecallIndex}"], "RecallIndex",
@@ -117,7 +117,7 @@ def test_evaluate_config_errors_name_the_key(ovr, key, allowed):
     assert key in str(e.value) and allowed in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("ovr,key", [(["method=ar", "method.ratio=0.5"], "method.ratio"),
+@pytest.mark.parametrize("ovr,key", [(["method=ar", "method.ratio=0.5"], "ratio"),
                                      (["method.controler.k=2"], "controler"), (["method/controller=greedy"], "greedy"),
                                      (["gen.temprature=1"], "gen.temprature")])
 def test_evaluate_compose_rejects_unknown_keys_and_types(ovr, key):
@@ -137,7 +137,7 @@ def test_evaluate_compose_rejects_unknown_keys_and_types(ovr, key):
 
 
 TRAIN_BAD = [
-    (["trainer.max_steps=abc"], "trainer.max_steps", "Integer"),
+    (["trainer.max_steps=abc"], "trainer.max_steps", "integer"),
     (["trainer.max_steps=0"], "trainer.max_steps", "-1"),
     (["+trainer.max_step=3"], "trainer.max_step", "did you mean max_steps"),
     (["trainer.precision=bf17"], "trainer.precision", "bf16-mixed"),
@@ -191,9 +191,14 @@ def test_sweep_values_of_the_wrong_type_exit_nonzero(tmp_path):
     r = _run([str(ROOT / "train.py"), "trainer.max_steps=abc", f"out_dir={tmp_path / 't'}"], tmp_path)
     assert r.returncode != 0 and "trainer.max_steps" in r.stderr + r.stdout
     assert not (tmp_path / "t" / "checkpoints").exists()
-    r = _run([str(ROOT / "evaluate.py"), "method.ratio=high", f"out_dir={tmp_path / 'e'}"], tmp_path)
-    assert r.returncode != 0 and "method.ratio" in r.stderr + r.stdout
+    r = _run([str(ROOT / "evaluate.py"), "method.drafter.policy.ratio=high", f"out_dir={tmp_path / 'e'}"], tmp_path)
+    assert r.returncode != 0 and "method.drafter.policy.ratio" in r.stderr + r.stdout
     assert not (tmp_path / "e").exists()
+    # a part the method does not have (ar has no drafter): one line naming the key, exit 2
+    r = _run([str(ROOT / "evaluate.py"), "method=ar", "method.drafter.policy.ratio=0.5", f"out_dir={tmp_path / 'a'}"],
+             tmp_path)
+    assert r.returncode == 2 and "method.drafter.policy.ratio=0.5: ar has no such key" in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr + r.stdout and not (tmp_path / "a").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +405,7 @@ def test_damaged_teacher_shards_are_detected_and_rebuilt(env, tmp_path):
 
 
 METHODS = ["ar", "sd", "sd_sparse", "magicdec", "snapkv_self", "sparsespec_l"]
-SMALL = {"sd_sparse": ["method.budget=48"], "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}  # tiny sizes
+SMALL = {"sd_sparse": ["method.drafter.policy.budget=48"], "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}  # tiny sizes
 
 
 def _methods():

@@ -161,7 +161,8 @@ def test_sweep_files_parse_and_expand():
     swept = set(train["parameters"])
     assert {"budget.values", "optim.lr", "drafter.n_layers"} <= swept and {"loss.acc", "loss.kl"} <= swept
     sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
-    assert {f"method.{k}" for k in ("ratio", "window", "k_sink", "k_recent", "controller.candidates",
+    assert {f"method.{k}" for k in ("drafter.policy.ratio", "drafter.policy.window", "drafter.policy.k_sink",
+                                    "drafter.policy.k_recent", "controller.candidates",
                                     "controller.beta")} <= set(sl["parameters"])
     assert sl["metric"]["name"] == "speedup"
 
@@ -291,7 +292,7 @@ def test_evaluate_logs_the_drafter_artifact(tiny, train_sweep_runs):
     export = tmp / "outputs" / "sweeps" / "budgetdraft" / r["run_id"] / "drafter"
     out = tmp / "eval_bd"
     argv = [sys.executable, str(REPO / "evaluate.py"), "method=budgetdraft", f"drafter.path={export}",
-            "method.budget=64", "method.k_sink=4", "logger=wandb", f"out_dir={out}",
+            "method.drafter.policy.budget=64", "method.drafter.policy.k_sink=4", "logger=wandb", f"out_dir={out}",
             *[f"{k}={v}" for k, v in tiny_overrides("evaluate.py", tiny).items()]]
     p = subprocess.run(recorded(argv), cwd=tmp, env=agent_env(tmp, "evalbd01", None), capture_output=True,
                        text=True, timeout=300)

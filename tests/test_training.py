@@ -22,7 +22,7 @@ from sparsespec.models.runner import CausalLM
 from sparsespec.training import losses
 from sparsespec.training.budgets import BudgetSampler, sparse_rows, view_mask
 from sparsespec.training.data import DraftDataModule
-from sparsespec.training.drafters import build_drafter
+from sparsespec.training.drafters import DrafterSpec
 from sparsespec.training.export import latest_drafter_path
 from sparsespec.training.module import BudgetDraftModule, accepted_run
 from sparsespec.training.teacher import Teacher, model_fingerprint
@@ -199,8 +199,9 @@ def test_budget_sampler_drops_full_budgets_and_respects_modes():
 @pytest.mark.parametrize("budget", [8, 16, 24])
 def test_masked_training_forward_equals_inference_runner(budget):
     target = tiny_target(97, seed=1)
-    drafter = build_drafter(target, kind="truncated", n_layers=2, freeze_embeddings=False).eval()
-    module = BudgetDraftModule(drafter, BudgetSampler(mode="multi", values=[budget], k_sink=4), losses.BudgetDraftLoss())
+    drafter = DrafterSpec(kind="truncated", n_layers=2, freeze_embeddings=False).build(target).eval()
+    module = BudgetDraftModule(drafter, BudgetSampler(mode="multi", values=[budget], k_sink=4), losses.BudgetDraftLoss(),
+                               optim={})  # no optimizer step here
     n = 48
     ids = torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(budget))
     with torch.no_grad():

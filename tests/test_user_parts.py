@@ -36,7 +36,7 @@ def test_a_users_kv_policy_runs_from_the_command_line_and_is_exact(env, tmp_path
     write_doc_examples(tmp_path)
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(env, out, "limit=2"),
-           f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "method=[ar,key_norm]", "method.ratio=0.2"]
+           f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "method=[ar,key_norm]", "method.drafter.policy.ratio=0.2"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**sub_env(tmp_path), "PYTHONPATH": str(tmp_path / "my_parts")},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -44,14 +44,15 @@ def test_a_users_kv_policy_runs_from_the_command_line_and_is_exact(env, tmp_path
     mine = [r for r in rows if r["method"] == "key_norm"]
     assert len(mine) == 2 and all(r["exact_match_ar"] for r in mine)
     assert all(r["view"] == "KeyNorm" and r["drafted_per_round"] for r in mine)  # it really drafted
-    assert mine[0]["method_config"]["ratio"] == 0.2
+    assert mine[0]["method_config"]["drafter"]["policy"]["ratio"] == 0.2
     assert any(r["acceptance_rate"] < 1 for r in mine)  # a sparse view: some drafts rejected
 
 
 def test_a_users_kv_policy_through_the_python_api(env, tmp_path, monkeypatch):  # noqa: F811
     write_doc_examples(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "my_parts"))
-    pipe = sparsespec.pipeline("key_norm", model=str(env["model"]), config_dir=tmp_path / "my_conf", ratio=0.2)
+    pipe = sparsespec.pipeline("key_norm", model=str(env["model"]), config_dir=tmp_path / "my_conf",
+                                drafter__policy__ratio=0.2)
     ar = sparsespec.pipeline("ar", model=str(env["model"]))
     prompt = list(range(2, 300))
     streamed = []
@@ -75,7 +76,7 @@ def test_a_policy_whose_score_has_the_wrong_shape_is_named(env, tmp_path, monkey
 def test_pipeline_bad_names_say_what_to_fix(env):  # noqa: F811
     with pytest.raises(ConfigError, match="method/nosuch"):
         sparsespec.pipeline("nosuch", model=str(env["model"]))
-    with pytest.raises(ConfigError, match="method.ratio=2"):
-        sparsespec.pipeline("magicdec", model=str(env["model"]), ratio=2)
+    with pytest.raises(ConfigError, match="method.drafter.policy.ratio=2"):
+        sparsespec.pipeline("magicdec", model=str(env["model"]), drafter__policy__ratio=2)
     with pytest.raises(MethodConfigError, match="drafter=DIR"):
         sparsespec.pipeline("sd", model=str(env["model"]))

@@ -57,6 +57,7 @@ class Drafter(ABC):
 
     # True when the drafter decodes with a second model, which the harness loads (drafter.path)
     needs_model: ClassVar[bool] = False
+    policy: KVPolicy | None = None  # the KV view it drafts from, if it has one (results report it)
 
     def prefill_capture(self) -> Capture | None:
         """What the target's prefill should report to this drafter (None: nothing)."""
@@ -146,21 +147,23 @@ class ModelDrafter(Drafter):
     position-only KV policy (FullKV: every position)."""
 
     needs_model: ClassVar[bool] = True
-    model: CausalLM | None = None  # the harness passes the loaded drafter (drafter.path)
+    # model and prefill_chunk come from the harness (drafter.path, runtime.prefill_chunk), not the
+    # method file: repr=False keeps them out of the generated config node
+    model: CausalLM | None = field(default=None, repr=False)
     policy: KVPolicy = field(default_factory=FullKV)
-    prefill_chunk: int = 1024
+    prefill_chunk: int = field(default=1024, repr=False)
     cache: KVCache | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.model is None:
-            raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
-                                "pass model=CausalLM(...)")
         if not self.policy.position_only:
             raise KVPolicyError(
                 f"ModelDrafter computes its own KV under a position-only policy; {type(self.policy).__name__} "
                 "scores the target's cache, so it works with SelfDrafter. Use StreamingKV or FullKV here.")
 
     def start(self, state: DecodeState) -> None:
+        if self.model is None:
+            raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
+                                "pass model=CausalLM(...)")
         self.cache = self.model.new_cache(len(state.tokens) + 64)
         prompt = torch.tensor(state.tokens[: state.prompt_len])
         self.model.prefill(prompt, self.cache, chunk=self.prefill_chunk, mask_fn=self.policy.mask)
@@ -220,10 +223,10 @@ class PromptLookup:
     missed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ngram, int) or self.ngram < 1:
-            raise ValueError(f"lookup n-gram size must be an integer >= 1, got {self.ngram!r}")
+        if isinstance(self.ngram, bool) or not isinstance(self.ngram, int) or self.ngram < 1:
+            raise ValueError(f"ngram={self.ngram!r} is out of range: an n-gram size >= 1")
         if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
-            raise ValueError(f"lookup draft length must be an integer >= 1, got {self.k!r}")
+            raise ValueError(f"k={self.k!r} is out of range: a draft length >= 1, or null for the controller's")
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of tokens[-ngram:] ([] if none).

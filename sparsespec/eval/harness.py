@@ -322,7 +322,7 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
     res = runs[0]
     walls = [r.wall_s for r in runs]
     wall = statistics.fmean(walls)
-    policy = method.policy()
+    policy = engine.drafter.policy if engine.drafter is not None else None
     sparse = policy is not None and not isinstance(policy, FullKV)
     row = {
         "sample_id": sample.sample_id,

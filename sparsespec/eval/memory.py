@@ -41,7 +41,8 @@ def estimate_bytes(target: CausalLM, tokens: int, methods, drafter: CausalLM | N
     # plus the captured probabilities of the last W queries (float32)
     chunk = min(chunk, tokens)
     parts["prefill_attention"] = chunk * tokens * (1 + 4) + target.n_heads * 64 * tokens * 4
-    policies = max((m.memory_bytes(target, tokens) for m in methods), default=0)  # e.g. the recall index
+    drafters = [m.build(None).drafter for m in methods]  # asked without a model: their own allocations
+    policies = max((d.memory_bytes(target.n_layers, target.n_kv_heads, tokens) for d in drafters if d), default=0)
     if policies:
         parts["kv_policy"] = policies
     if drafter is not None:

@@ -1,36 +1,29 @@
-"""A method is a config of parts: conf/method/<name>.yaml names a drafter (with its KV policy), a
-length controller (the `method/controller` group: fixed or entropy) and prompt lookup, each part a
-`_target_` node that Hydra instantiates afresh for every generation.
-
-The top of a method file may hold short keys (`ratio: 0.10`) that its parts read by interpolation
-(`ratio: ${...ratio}`), so `method.ratio=0.05` works on the command line and in sweeps; they exist
-only in the methods that declare them.
+"""A method is a config of parts: conf/method/<name>.yaml picks a drafter (`method/drafter`), its
+KV policy (`method/drafter/policy`), a draft-length controller (`method/controller`) and prompt
+lookup. Each part is a `_target_` node that Hydra instantiates afresh for every generation; the
+shipped groups are generated from the parts' dataclasses (config.py), so their defaults live in the
+class alone and every field can be set from the command line (`method.drafter.policy.ratio=0.05`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import importlib
+import re
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from sparsespec.decoding.controllers import Controller, FixedK
 from sparsespec.decoding.drafters import Drafter, PromptLookup
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.kv.policies import KVPolicy
-from sparsespec.models.runner import CausalLM
 
 
 class MethodConfigError(ValueError):
     pass
-
-
-def _cause(e: BaseException) -> BaseException:
-    while isinstance(e, InstantiationException) and e.__cause__ is not None:
-        e = e.__cause__
-    return e
 
 
 @dataclass
@@ -41,84 +34,69 @@ class Method:
     lookup: int = 0  # n-gram size of prompt lookup tried before the drafter each round (0: off)
     lookup_k: int | None = None  # most tokens one copy drafts (None: the controller's maximum)
     needs_trained_drafter: bool = False  # drafter.path defaults to the latest exported BudgetDraft drafter
-    knobs: dict = field(default_factory=dict)  # the file's short keys, read by its parts
 
     @classmethod
     def from_config(cls, node: Any) -> Method:
         """A composed conf/method node (or a plain dict) -> a checked Method. Raises MethodConfigError."""
-        d = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else dict(node)
-        known = {f.name for f in fields(cls)} - {"knobs"}
+        d = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+        known = [f.name for f in fields(cls)]
         if "name" not in d:
             raise MethodConfigError("a method config needs a name (name: my_method)")
-        method = cls(**{k: d.pop(k) for k in list(d) if k in known}, knobs=d)
-        method.check()
+        for key in d:
+            if key not in known:
+                raise MethodConfigError(f"method {d['name']}: method.{key} is not a method key; a method has "
+                                        f"{', '.join(known)} (a part's settings go under its node, e.g. "
+                                        "method.drafter.policy.ratio)")
+        method = cls(**d)
+        method.build(None)  # every part that needs no model, so bad values fail before any model loads
         return method
 
     def as_dict(self) -> dict:
-        """The method as its config (interpolations unresolved): what results record and resume compares."""
-        return {"name": self.name, "drafter": self.drafter, "controller": self.controller, "lookup": self.lookup,
-                "lookup_k": self.lookup_k, "needs_trained_drafter": self.needs_trained_drafter, **self.knobs}
+        """The method as its config: what results record and resume compares."""
+        return asdict(self)
 
-    # -- the parts ----------------------------------------------------------------------------
     def _build(self, key: str, base: type, **extra: Any) -> Any:
-        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)  # interpolations: the method's keys
-        self._check_targets(node, f"method.{key}")
-        try:
-            part = instantiate(node, _convert_="all", **extra)
-        except Exception as e:  # instantiate wraps the part's own error; show that one
-            cause = str(_cause(e))
-            raise MethodConfigError(f"method {self.name}: {self._where(key, cause)}: {cause}") from None
+        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)
+        node = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+        self._import(node, f"method.{key}")
+        if key == "drafter" and node.get("policy") is not None:  # built first, so its errors name its key
+            node = {k: v for k, v in node.items() if k != "policy"}
+            extra["policy"] = self._build("drafter.policy", KVPolicy)
+        try:  # objects are passed to the partial: instantiate would turn a dataclass back into a config
+            part = instantiate({**node, "_partial_": True}, _convert_="all")(**extra)
+        except Exception as e:  # instantiate wraps the part's own error: show that one, at its key
+            while isinstance(e, InstantiationException) and e.__cause__ is not None:
+                e = e.__cause__
+            m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)
+            where = (f"method.{key}.{m[2]}={m[3]}" + (f" ({m[1]})" if m[1] else "") if m and m[2] in node
+                     else f"method.{key}: {e}")
+            raise MethodConfigError(f"method {self.name}: {where}") from None
         if not isinstance(part, base):
             raise MethodConfigError(f"method {self.name}: method.{key}._target_ builds a {type(part).__name__}, "
-                                    f"not a {base.__name__}: subclass sparsespec.{base.__module__.split('.', 1)[1]}"
-                                    f".{base.__name__}")
+                                    f"not a {base.__name__}: subclass {base.__module__}.{base.__name__}")
         return part
 
-    def _where(self, key: str, message: str) -> str:
-        """The keys a user set: `method.ratio=1.5` when the part's failing field reads that short key."""
-        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)
-        found = []
-        if OmegaConf.is_dict(node):
-            for field_name, value in node.items_ex(resolve=False):
-                knob = str(value).strip("${}").lstrip(".")
-                if str(value).startswith("${") and knob in self.knobs and f"{field_name}=" in message:
-                    found.append(f"method.{knob}={self.knobs[knob]!r}")
-        return f"{', '.join(found)} (method.{key})" if found else f"method.{key}"
-
-    def _check_targets(self, node: Any, path: str) -> None:
-        """Every `_target_` under node imports (one clear line instead of Hydra's traceback)."""
-        if not OmegaConf.is_dict(node):
-            return
-        target = node.get("_target_")
-        if target is not None:
-            try:
-                get_class(str(target))
-            except Exception as e:
-                first = str(_cause(e)).strip().splitlines()[-1]
-                raise MethodConfigError(
-                    f"method {self.name}: {path}._target_={target!r} cannot be imported ({first}); check the "
-                    "module path, and that a module outside the package is on PYTHONPATH") from None
-        for k, v in node.items_ex(resolve=False):
-            if k != "_target_":
-                self._check_targets(v, f"{path}.{k}")
-
-    def _drafter_class(self) -> type | None:
-        if self.drafter is None:
+    def _import(self, node: Any, path: str) -> type | None:
+        """The class of node's `_target_` after checking every `_target_` under node imports."""
+        if not isinstance(node, dict):
             return None
-        target = self.drafter.get("_target_") if isinstance(self.drafter, dict) else None
-        if not target:
-            raise MethodConfigError(f"method {self.name}: method.drafter needs a _target_ (a Drafter class)")
-        self._check_targets(OmegaConf.create(self.drafter), "method.drafter")
-        cls = get_class(target)
-        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
-            raise MethodConfigError(f"method {self.name}: method.drafter._target_={target!r} is not a "
-                                    "sparsespec.decoding.drafters.Drafter")
-        return cls
+        for k, v in node.items():
+            if k != "_target_":
+                self._import(v, f"{path}.{k}")
+        if node.get("_target_") is None:
+            return None
+        module, _, name = str(node["_target_"]).rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except Exception as e:  # hydra's get_class would log a traceback first
+            raise MethodConfigError(
+                f"method {self.name}: {path}._target_={node['_target_']!r} cannot be imported ({type(e).__name__}: "
+                f"{e}); check the module path, and that a module outside the package is on PYTHONPATH") from None
 
     @property
     def needs_drafter_model(self) -> bool:
-        cls = self._drafter_class()
-        return bool(cls and cls.needs_model)
+        cls = self._import(self.drafter, "method.drafter")
+        return bool(cls is not None and getattr(cls, "needs_model", False))
 
     @property
     def speculative(self) -> bool:
@@ -126,51 +104,23 @@ class Method:
 
     def policy(self) -> KVPolicy | None:
         """A fresh instance of the drafter's KV policy (None when it has none)."""
-        if not isinstance(self.drafter, dict) or self.drafter.get("policy") is None:
+        if self.drafter is None or self.drafter.get("policy") is None:
             return None
         return self._build("drafter.policy", KVPolicy)
 
-    def make_controller(self) -> Controller:
-        if self.controller is None:
-            return FixedK()
-        return self._build("controller", Controller)
-
-    def make_lookup(self) -> PromptLookup | None:
-        if not self.lookup:
-            return None
+    def build(self, target: Any, drafter_model: Any = None, prefill_chunk: int = 1024) -> SpeculativeEngine:
+        """A fresh engine (fresh drafter, policy and controller state) for one generation."""
+        if self.drafter is not None and self.needs_drafter_model:
+            if drafter_model is None and target is not None:
+                raise MethodConfigError(f"method {self.name} decodes with a drafter model: set drafter.path")
+            drafter = self._build("drafter", Drafter, model=drafter_model, prefill_chunk=prefill_chunk)
+        else:
+            drafter = None if self.drafter is None else self._build("drafter", Drafter)
+        controller = FixedK() if self.controller is None else self._build("controller", Controller)
         try:
-            return PromptLookup(self.lookup, k=self.lookup_k)
-        except ValueError as e:
-            raise MethodConfigError(f"method {self.name}: method.lookup: {e}") from None
-
-    def check(self) -> None:
-        """Build every part that needs no model once, so bad values fail before any model loads."""
-        if not isinstance(self.lookup, int) or isinstance(self.lookup, bool) or self.lookup < 0:
-            raise MethodConfigError(f"method {self.name}: method.lookup={self.lookup!r} is out of range: an "
-                                    "n-gram size >= 1, or 0 for no prompt lookup")
-        self.make_lookup()
-        self._drafter_class()
-        self.make_controller()
-        policy = self.policy()
-        if policy is not None and self.needs_drafter_model and not policy.position_only:
-            raise MethodConfigError(
-                f"method {self.name}: {type(policy).__name__} scores the target's verification attention; it "
-                "works with SelfDrafter. A small-model drafter takes StreamingKV or FullKV.")
-
-    def memory_bytes(self, target: CausalLM, tokens: int) -> int:
-        """Bytes the method's parts allocate beyond the caches at a context of `tokens`."""
-        policy = self.policy()
-        return policy.memory_bytes(target.n_layers, target.n_kv_heads, tokens) if policy else 0
-
-    def build(self, target: CausalLM, drafter_model: CausalLM | None = None, prefill_chunk: int = 1024
-              ) -> SpeculativeEngine:
-        """A fresh engine (fresh controller and policy state) for one generation."""
-        drafter = None
-        if self.drafter is not None:
-            if self.needs_drafter_model:
-                if drafter_model is None:
-                    raise MethodConfigError(f"method {self.name} decodes with a drafter model: set drafter.path")
-                drafter = self._build("drafter", Drafter, model=drafter_model, prefill_chunk=prefill_chunk)
-            else:
-                drafter = self._build("drafter", Drafter)
-        return SpeculativeEngine(target, drafter, self.make_controller(), prefill_chunk, lookup=self.make_lookup())
+            lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
+        except ValueError as e:  # PromptLookup's ngram is the method's lookup, its k the lookup_k
+            key = "lookup" if str(e).startswith("ngram") else "lookup_k"
+            raise MethodConfigError(f"method {self.name}: method.{key}={str(e).split('=', 1)[1]}"
+                                    + (", or 0 for no prompt lookup" if key == "lookup" else "")) from None
+        return SpeculativeEngine(target, drafter, controller, prefill_chunk, lookup=lookup)

@@ -46,23 +46,20 @@ class KVPolicyError(ValueError):
 
 @dataclass
 class KVPolicy:
-    budget: int | None = None  # tokens kept per KV head, sinks and recent included
-    ratio: float | None = None  # or a share of the current context (the paper's default is 0.10)
+    budget: int | None = None  # tokens kept per KV head, sinks and recent included; wins over ratio
+    ratio: float = 0.10  # else a share of the current context (the papers' default)
     k_sink: int = 16
     k_recent: int | None = None  # None: all of the budget that scores do not fill
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if (self.budget is None) == (self.ratio is None):
-            raise KVPolicyError(f"{name}: set exactly one of budget (tokens) or ratio (a share of the context); "
-                                f"got budget={self.budget!r} and ratio={self.ratio!r}")
         for key in ("budget", "k_sink", "k_recent"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise KVPolicyError(f"{name}: {key}={value!r} has the wrong type: expected an integer")
         if self.budget is not None and self.budget <= 0:
             raise KVPolicyError(f"{name}: budget={self.budget} is out of range: a positive number of tokens")
-        if self.ratio is not None and not (isinstance(self.ratio, int | float) and 0 < self.ratio <= 1):
+        if isinstance(self.ratio, bool) or not (isinstance(self.ratio, int | float) and 0 < self.ratio <= 1):
             raise KVPolicyError(f"{name}: ratio={self.ratio!r} is out of range: (0, 1], the share of the context kept")
         if self.k_sink < 0 or (self.k_recent is not None and self.k_recent < 0):
             raise KVPolicyError(f"{name}: k_sink and k_recent must be >= 0")
@@ -161,7 +158,7 @@ class KVPolicy:
 class FullKV(KVPolicy):
     """Every position (the `sd` baseline, or a drafter without a sparse view)."""
 
-    ratio: float | None = 1.0
+    ratio: float = 1.0
 
     def select(self, state: PolicyState) -> None:
         return None

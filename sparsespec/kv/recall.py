@@ -32,7 +32,6 @@ ALL_QUERIES = 1 << 30
 
 @dataclass
 class RecallIndex(KVPolicy):
-    ratio: float | None = None  # default 0.10 (the paper's optimum) when no budget is given
     k_sink: int = 16
     k_recent: int | None = 64
     window: int = 16  # W: verification queries whose attention scores the history
@@ -53,8 +52,6 @@ class RecallIndex(KVPolicy):
     seed_s: float = field(default=0.0, init=False, repr=False)  # the prefill seeding (part of prefill time)
 
     def __post_init__(self) -> None:
-        if self.budget is None and self.ratio is None:
-            self.ratio = 0.10
         super().__post_init__()
         for key in ("window", "refresh_every"):
             value = getattr(self, key)

@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from sparsespec.checks import ConfigError, non_negative, number, positive, require
 from sparsespec.training.teacher import Teacher, TeacherCache, TeacherCacheError, cache_key
 
 log = logging.getLogger(__name__)
@@ -148,13 +149,23 @@ class DraftDataModule(L.LightningDataModule):
                  teacher_dtype: str = "bfloat16", topk: int = 8, cache_dir: str | None = None,
                  shard_size: int = 16, seed: int = 0, on_policy_tokens: int = 0):
         super().__init__()
+        sizes = {"seq_len": seq_len, "n_train": n_train, "n_val": n_val, "batch_size": batch_size, "shard_size": shard_size}
+        for key, value in sizes.items():
+            positive(f"data.{key}", value, int)
+        non_negative("data.num_workers", num_workers, int)
+        require(0 <= number("data.offset", offset) < 1, "data.offset", offset,
+                "[0, 1): the share of each document's characters to skip")
+        require(0 <= number("teacher.on_policy_tokens", on_policy_tokens, int) < seq_len, "teacher.on_policy_tokens",
+                on_policy_tokens,
+                f"fewer than data.seq_len={seq_len}: each window keeps seq_len - on_policy_tokens prompt tokens")
+        if path is not None and not Path(str(path)).expanduser().exists():
+            raise ConfigError(f"data.path={path} does not exist: pass a .txt/.jsonl/.json/.parquet file or a "
+                              "directory of them (null: the shipped PG-19 books)")
         self.tokenizer, self.teacher, self.fingerprint = tokenizer, teacher, fingerprint
-        self.path, self.seq_len, self.n_train, self.n_val = path, int(seq_len), int(n_train), int(n_val)
-        self.offset, self.batch_size, self.num_workers = float(offset), int(batch_size), int(num_workers)
+        self.path, self.seq_len, self.n_train, self.n_val = path, seq_len, n_train, n_val
+        self.offset, self.batch_size, self.num_workers = offset, batch_size, num_workers
         self.teacher_dtype, self.topk, self.shard_size = str(teacher_dtype), int(topk), int(shard_size)
         self.seed, self.on_policy_tokens = int(seed), int(on_policy_tokens)
-        if not 0 <= self.on_policy_tokens < self.seq_len:
-            raise ValueError(f"teacher.on_policy_tokens={on_policy_tokens} must be in [0, data.seq_len={seq_len})")
         from sparsespec.models.embedded import cache_root
 
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root() / "teacher"

@@ -15,10 +15,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from sparsespec.checks import ConfigError, choice, positive
 
 log = logging.getLogger(__name__)
 
@@ -58,33 +62,53 @@ def small(target: PreTrainedModel, hidden_size: int = 256, n_layers: int = 2, n_
         return LlamaForCausalLM(cfg)
 
 
-def build_drafter(target: PreTrainedModel, kind: str = "truncated", path: str | None = None,
-                  n_layers: int = 2, freeze_embeddings: bool = True, **small_kwargs) -> PreTrainedModel:
-    """The drafter to train, in float32 train mode. `path` (if set) wins over `kind`.
+@dataclass
+class DrafterSpec:
+    """conf/drafter/*.yaml: the drafter to train. `path` (if set) wins over `kind`.
 
     freeze_embeddings: with tied embeddings this also freezes the head. For `truncated` that keeps
     the target's vocabulary geometry and skips the 28M-parameter head weight gradient (the costliest
     matmul in the step); a fresh `small` model must learn them (set it false there).
     """
-    if path:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    elif kind == "truncated":
-        model = truncated(target, n_layers)
-    elif kind == "small":
-        model = small(target, n_layers=n_layers, **small_kwargs)
-    else:
-        raise ValueError(f"drafter.kind={kind!r}: use truncated or small (or drafter.path=DIR)")
-    if model.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"drafter vocab {model.config.vocab_size} != target vocab {target.config.vocab_size}")
-    model = model.float().train()
-    model.requires_grad_(True)
-    if freeze_embeddings:
-        model.get_input_embeddings().requires_grad_(False)
-        model.get_output_embeddings().requires_grad_(False)
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("drafter: %s, %d layers, %.1fM trainable parameters", path or kind,
-             model.config.num_hidden_layers, n_train / 1e6)
-    return model
+
+    kind: str = "truncated"  # truncated | small
+    path: str | None = None  # a Hugging Face model directory to start from instead
+    n_layers: int = 2
+    freeze_embeddings: bool = True
+    hidden_size: int = 256  # kind=small only, like the three below
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    intermediate_size: int = 768
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            choice("drafter.kind", self.kind, ("truncated", "small"))
+        elif not Path(str(self.path)).expanduser().exists():
+            raise ConfigError(f"drafter.path={self.path} does not exist: pass a Hugging Face model directory")
+        for key in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "intermediate_size"):
+            positive(f"drafter.{key}", getattr(self, key), int)
+
+    def build(self, target: PreTrainedModel) -> PreTrainedModel:
+        """The drafter, in float32 train mode."""
+        if self.path:
+            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32)
+        elif self.kind == "truncated":
+            model = truncated(target, self.n_layers)
+        else:
+            model = small(target, self.hidden_size, self.n_layers, self.n_heads, self.n_kv_heads,
+                          self.intermediate_size, self.seed)
+        if model.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"drafter vocab {model.config.vocab_size} != target vocab {target.config.vocab_size}")
+        model = model.float().train()
+        model.requires_grad_(True)
+        if self.freeze_embeddings:
+            model.get_input_embeddings().requires_grad_(False)
+            model.get_output_embeddings().requires_grad_(False)
+        n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("drafter: %s, %d layers, %.1fM trainable parameters", self.path or self.kind,
+                 model.config.num_hidden_layers, n_train / 1e6)
+        return model
 
 
 @torch.inference_mode()

@@ -77,12 +77,11 @@ def schedule_steps(trainer: L.Trainer) -> int:
 
 class BudgetDraftModule(L.LightningModule):
     def __init__(self, drafter: PreTrainedModel, budget: BudgetSampler, loss: BudgetDraftLoss,
-                 optim: dict[str, Any] | None = None, seed: int = 0, tau_k: int = 4):
+                 optim: dict[str, Any], seed: int = 0, tau_k: int = 4):
         super().__init__()
         self.drafter = drafter
         self.budget, self.loss_fn = budget, loss
-        self.optim = {"lr": 5e-4, "weight_decay": 0.0, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
-                      "betas": (0.9, 0.95), **(optim or {})}
+        self.optim = dict(optim)  # conf/train.yaml's optim section: lr, weight_decay, warmup_ratio, min_lr_ratio, betas
         self.rng = random.Random(seed)
         self.tau_k = tau_k
         self.train_steps_run = 0  # steps executed by this process (resume tests check it)

@@ -118,7 +118,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
     loaded = load_model(cfg.model.get("path"), dtype=cfg.model.get("dtype", "float32"))
     target, tokenizer = loaded.model, loaded.tokenizer
     fingerprint = model_fingerprint(target)
-    drafter = instantiate(cfg.drafter, target=target)  # copies what it needs before the teacher cast
+    drafter = instantiate(cfg.drafter).build(target)  # copies what it needs before the teacher cast
 
     tcfg = cfg.teacher
     on_policy = int(tcfg.get("on_policy_tokens") or 0)

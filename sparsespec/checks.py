@@ -1,0 +1,43 @@
+"""Range checks that name the key: what the settings' and parts' `__post_init__` raise with."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config key that cannot work: the message names the key and what it accepts."""
+
+
+def close(word: str, allowed: list[str]) -> str:
+    near = difflib.get_close_matches(str(word), [str(a) for a in allowed], n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def number(key: str, value: Any, kind: type = float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r} has the wrong type: expected {'an integer' if kind is int else 'a number'}")
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{key}=nan is not a number")
+    return value
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is out of range: allowed {allowed}")
+
+
+def positive(key: str, value: Any, kind: type = int) -> None:
+    require(number(key, value, kind) > 0, key, value, "values > 0")
+
+
+def non_negative(key: str, value: Any, kind: type = float) -> None:
+    require(number(key, value, kind) >= 0, key, value, "values >= 0")
+
+
+def choice(key: str, value: Any, allowed: tuple | list) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed{close(str(value), list(allowed))}: "
+                          f"use one of {', '.join(map(str, allowed))}")
