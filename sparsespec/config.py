@@ -98,7 +98,7 @@ TRAIN_PART_BASES = {
     "budget": ("sparsespec.training.budgets.BudgetSampler", ()),
     "loss": ("sparsespec.training.losses.BudgetDraftLoss", ()),
     # the data module also takes what train.py passes from other sections (teacher.*, seed)
-    "data": ("sparsespec.training.data.DraftDataModule", ("tokenizer", "teacher", "fingerprint", "teacher_dtype",
+    "corpus": ("sparsespec.training.data.DraftDataModule", ("tokenizer", "teacher", "fingerprint", "teacher_dtype",
                                                           "topk", "cache_dir", "seed", "on_policy_tokens")),
 }
 
@@ -295,10 +295,10 @@ def validate_train_config(cfg: Any) -> None:
     for key in ("drafter", "budget", "loss"):
         _part(key, cfg[key])
     t = cfg.teacher
-    _part("data", cfg.data, teacher_dtype=t.dtype, topk=t.topk, on_policy_tokens=t.on_policy_tokens)
-    if cfg.budget.mode != "full" and cfg.budget.k_sink + 1 >= cfg.data.seq_len:
-        raise ConfigError(f"budget.k_sink={cfg.budget.k_sink} leaves no sparse view of a data.seq_len="
-                          f"{cfg.data.seq_len} sequence: allowed k_sink < seq_len - 1")
+    _part("corpus", cfg.corpus, teacher_dtype=t.dtype, topk=t.topk, on_policy_tokens=t.on_policy_tokens)
+    if cfg.budget.mode != "full" and cfg.budget.k_sink + 1 >= cfg.corpus.seq_len:
+        raise ConfigError(f"budget.k_sink={cfg.budget.k_sink} leaves no sparse view of a corpus.seq_len="
+                          f"{cfg.corpus.seq_len} sequence: allowed k_sink < seq_len - 1")
     _check_trainer(cfg.trainer)
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None and not Path(str(ckpt)).expanduser().is_file():

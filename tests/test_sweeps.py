@@ -42,8 +42,8 @@ def tiny(tmp_path_factory):
 def tiny_overrides(program: str, tiny: dict) -> dict:
     """What a tiny-model check adds to a sweep point (the sweep's own keys are left as sampled)."""
     if program == "train.py":
-        return {"model.path": str(tiny["model_dir"]), "data.path": str(tiny["corpus"]), "trainer": "debug",
-                "data.seq_len": 288, "data.n_train": 2, "data.n_val": 1, "budget.eval_values": [64, 256],
+        return {"model.path": str(tiny["model_dir"]), "corpus.path": str(tiny["corpus"]), "trainer": "debug",
+                "corpus.seq_len": 288, "corpus.n_train": 2, "corpus.n_val": 1, "budget.eval_values": [64, 256],
                 "budget.k_sink": 4, "trainer.max_steps": 2, "threads": 1, "update_latest": False,
                 "teacher.dtype": "float32"}
     return {"model.path": str(tiny["model_dir"]), "dataset": "text", "dataset.path": str(tiny["corpus"]),

@@ -91,8 +91,8 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 def overrides(env, out: Path, *extra: str) -> list[str]:
-    return [f"model.path={env['model_dir']}", f"data.path={env['corpus']}", "data.seq_len=64", "data.n_train=4",
-            "data.n_val=1", "budget.values=[16,32]", "budget.eval_values=[16,32]", "budget.k_sink=4",
+    return [f"model.path={env['model_dir']}", f"corpus.path={env['corpus']}", "corpus.seq_len=64", "corpus.n_train=4",
+            "corpus.n_val=1", "budget.values=[16,32]", "budget.eval_values=[16,32]", "budget.k_sink=4",
             "trainer=debug", "trainer.precision=32-true", f"out_dir={out}", *extra]
 
 
@@ -438,7 +438,7 @@ def test_max_steps_minus_one_schedules_max_epochs_and_resumes_exactly(env, tmp_p
     def fit(out, *extra):
         rec = Record()
         with initialize_config_dir(str(CONF), version_base="1.3"):
-            cfg = compose("train", overrides=overrides(env, out, "data.n_train=2", "trainer.max_steps=-1",
+            cfg = compose("train", overrides=overrides(env, out, "corpus.n_train=2", "trainer.max_steps=-1",
                                                        "trainer.max_epochs=2", "trainer.val_check_interval=1",
                                                        "callbacks.checkpoint.save_top_k=-1", "export=false", *extra))
         return train(cfg, callbacks=[rec]), rec

@@ -2,7 +2,7 @@
 
 Default corpus: the six PG-19 books shipped in the package (sparsespec/data/pg19_books.jsonl.xz), split with
 `sparsespec.data.pg19.pg19_split` (2 of the 6 books, chosen by title hash, are held out for
-evaluation; the Figure-1 script evaluates on those). `data.path=FILE|DIR` takes any .txt/.jsonl/
+evaluation; the Figure-1 script evaluates on those). `corpus.path=FILE|DIR` takes any .txt/.jsonl/
 .json/.parquet text instead: with 3+ documents a third (by name hash, at least one) is held out;
 with fewer, each document's last windows are.
 
@@ -151,15 +151,15 @@ class DraftDataModule(L.LightningDataModule):
         super().__init__()
         sizes = {"seq_len": seq_len, "n_train": n_train, "n_val": n_val, "batch_size": batch_size, "shard_size": shard_size}
         for key, value in sizes.items():
-            positive(f"data.{key}", value, int)
-        non_negative("data.num_workers", num_workers, int)
-        require(0 <= number("data.offset", offset) < 1, "data.offset", offset,
+            positive(f"corpus.{key}", value, int)
+        non_negative("corpus.num_workers", num_workers, int)
+        require(0 <= number("corpus.offset", offset) < 1, "corpus.offset", offset,
                 "[0, 1): the share of each document's characters to skip")
         require(0 <= number("teacher.on_policy_tokens", on_policy_tokens, int) < seq_len, "teacher.on_policy_tokens",
                 on_policy_tokens,
-                f"fewer than data.seq_len={seq_len}: each window keeps seq_len - on_policy_tokens prompt tokens")
+                f"fewer than corpus.seq_len={seq_len}: each window keeps seq_len - on_policy_tokens prompt tokens")
         if path is not None and not Path(str(path)).expanduser().exists():
-            raise ConfigError(f"data.path={path} does not exist: pass a .txt/.jsonl/.json/.parquet file or a "
+            raise ConfigError(f"corpus.path={path} does not exist: pass a .txt/.jsonl/.json/.parquet file or a "
                               "directory of them (null: the shipped PG-19 books)")
         self.tokenizer, self.teacher, self.fingerprint = tokenizer, teacher, fingerprint
         self.path, self.seq_len, self.n_train, self.n_val = path, seq_len, n_train, n_val
@@ -187,8 +187,8 @@ class DraftDataModule(L.LightningDataModule):
             everything = windows(train_docs, self.tokenizer, prompt_len, self.n_train + self.n_val, self.offset)
             train, val = everything[: -self.n_val or None], everything[len(everything) - self.n_val :]
         if not train or not val:
-            raise ValueError(f"data.path={self.path}: not enough text for {self.n_train}+{self.n_val} windows of "
-                             f"data.seq_len={self.seq_len} tokens (got {len(train)} train, {len(val)} val)")
+            raise ValueError(f"corpus.path={self.path}: not enough text for {self.n_train}+{self.n_val} windows of "
+                             f"corpus.seq_len={self.seq_len} tokens (got {len(train)} train, {len(val)} val)")
         if len(train) < self.n_train:
             log.warning("only %d training windows of %d tokens available (asked %d)", len(train), self.seq_len,
                         self.n_train)

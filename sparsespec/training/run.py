@@ -123,7 +123,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
     tcfg = cfg.teacher
     on_policy = int(tcfg.get("on_policy_tokens") or 0)
     teacher_factory = lambda: Teacher(target, tcfg.dtype, tcfg.topk, tcfg.batch_size, on_policy)  # noqa: E731
-    datamodule = instantiate(cfg.data, tokenizer=tokenizer, teacher=teacher_factory, fingerprint=fingerprint,
+    datamodule = instantiate(cfg.corpus, tokenizer=tokenizer, teacher=teacher_factory, fingerprint=fingerprint,
                              teacher_dtype=tcfg.dtype, topk=tcfg.topk, cache_dir=tcfg.get("cache_dir"),
                              seed=int(cfg.seed), on_policy_tokens=on_policy)
     module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),

@@ -1,7 +1,7 @@
 """The types and checks of train.py's own settings. Their values, and what each one means, are in
 conf/train.yaml: the one place a default is written.
 
-The parts train.py instantiates (drafter, budget, loss, data) hold their settings and checks in
+The parts train.py instantiates (drafter, budget, loss, corpus) hold their settings and checks in
 their own classes; the config groups for them are generated from those classes (config.py).
 Each section here checks its fields in `__post_init__`; `sparsespec.config.validate_train_config`
 runs them and the rules that span sections, before any model loads.
@@ -80,7 +80,7 @@ class TrainConfig:
     drafter: Any = MISSING
     budget: Any = MISSING
     loss: Any = MISSING
-    data: Any = MISSING
+    corpus: Any = MISSING  # conf/corpus (training.data.DraftDataModule)
     trainer: Any = MISSING
     logger: Any = MISSING
 
