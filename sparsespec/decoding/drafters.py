@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -50,6 +51,23 @@ class Proposal:
     # False when the controller did not size this draft (prompt lookup): it must not learn from
     # the round (its entropies and cost describe the drafter it steers, not a copy)
     controlled: bool = True
+
+
+def draft(step: Callable[[list[int]], torch.Tensor], first: list[int], kmax: int, controller: Controller,
+          sampling: Sampling, gen: torch.Generator, t0: float) -> Proposal:
+    """The drafting loop a model drafter runs: `step(ids)` feeds tokens and returns the next logits;
+    sample, record entropy, and stop at kmax or when the controller says so."""
+    logits, out, qs, ents = step(first), [], [], []
+    while True:
+        tok, q = sampling.sample(logits, gen)
+        out.append(tok)
+        qs.append(q)
+        ents.append(entropy(logits))
+        if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
+            break
+        logits = step([tok])
+    q = None if sampling.greedy else torch.stack(qs)
+    return Proposal(out, q, ents, steps=len(out), seconds=time.perf_counter() - t0)
 
 
 class Drafter(ABC):
@@ -125,20 +143,15 @@ class SelfDrafter(Drafter):
             cache = state.cache
         else:
             cache = self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
-        base = cache.length
-        tok, out, qs, ents = state.tokens[-1], [], [], []
-        while True:
-            logits = model.forward(torch.tensor([tok]), cache, positions=torch.tensor([length + len(out)]))[-1]
-            tok, q = sampling.sample(logits, gen)
-            out.append(tok)
-            qs.append(q)
-            ents.append(entropy(logits))
-            if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
-                break
+        base, pos = cache.length, iter(range(length, length + kmax))
+
+        def step(ids: list[int]) -> torch.Tensor:  # the compact cache keeps the tokens' true positions
+            return model.forward(torch.tensor(ids), cache, positions=torch.tensor([next(pos)]))[-1]
+
+        proposal = draft(step, [state.tokens[-1]], kmax, controller, sampling, gen, t0)
         if idx is None:
             cache.crop(base)
-        q = None if sampling.greedy else torch.stack(qs)
-        return Proposal(out, q, ents, steps=len(out), seconds=time.perf_counter() - t0)
+        return proposal
 
 
 @dataclass
@@ -178,21 +191,10 @@ class ModelDrafter(Drafter):
         t0 = time.perf_counter()
         kmax = min(controller.max_draft(), state.draft_limit)
         vocab = state.target.vocab_size
-        # catch up on every token the drafter has not processed (the pending one, plus the
-        # verifier's correction or the last draft when all were accepted)
-        logits = self._step(state.tokens[self.cache.length :])[:vocab]
-        out, qs, ents, steps = [], [], [], 1
-        while True:
-            tok, q = sampling.sample(logits, gen)
-            out.append(tok)
-            qs.append(q)
-            ents.append(entropy(logits))
-            if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
-                break
-            logits = self._step([tok])[:vocab]
-            steps += 1
-        q = None if sampling.greedy else torch.stack(qs)
-        return Proposal(out, q, ents, steps=steps, seconds=time.perf_counter() - t0)
+        # the first step catches up on every token the drafter has not processed (the pending one,
+        # plus the verifier's correction or the last draft when all were accepted)
+        return draft(lambda ids: self._step(ids)[:vocab], state.tokens[self.cache.length :], kmax, controller,
+                     sampling, gen, t0)
 
     def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
