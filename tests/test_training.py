@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from sparsespec.config import register_configs
 from sparsespec.decoding.controllers import FixedK
 from sparsespec.decoding.drafters import ModelDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
@@ -26,6 +27,8 @@ from sparsespec.training.drafters import DrafterSpec
 from sparsespec.training.export import latest_drafter_path
 from sparsespec.training.module import BudgetDraftModule, accepted_run
 from sparsespec.training.teacher import Teacher, model_fingerprint
+
+register_configs()  # the groups train.py registers (the drafter / budget / loss / corpus bases)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 WORDS = ("the river ferryman crossed story question answer book key pass value green sky blue sun "

@@ -97,21 +97,23 @@ class CausalLM:
         """Concatenate q/k/v and gate/up weights per layer: one matmul each instead of three and two.
 
         A decode step is a few thousand small ops around bandwidth-bound matmuls; fewer, larger ops
-        is most of what keeps it near the bandwidth floor (docs/performance.md). The fused copies are
-        taken now: build the CausalLM after the weights are final (it is an inference wrapper).
+        is most of what keeps it near the bandwidth floor (docs/performance.md). The weights are held
+        once: each projection's parameter becomes a view into the fused tensor, so the Hugging Face
+        modules (and an optimizer holding them) read and write the same memory.
         """
         self._qkv, self._gate_up = [], []
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
-            biases = [m.bias for m in (a.q_proj, a.k_proj, a.v_proj)]
+            projs = (a.q_proj, a.k_proj, a.v_proj)
+            w = _fuse_weights(projs)
+            biases = [m.bias for m in projs]
             b = torch.cat([bb if bb is not None else torch.zeros(m.out_features, dtype=w.dtype, device=w.device)
-                           for bb, m in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)]).detach() \
+                           for bb, m in zip(biases, projs, strict=True)]).detach() \
                 if any(bb is not None for bb in biases) else None
             self._qkv.append((w, b))
             gated = all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             no_bias = gated and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
-            self._gate_up.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() if no_bias else None)
+            self._gate_up.append(_fuse_weights((mlp.gate_proj, mlp.up_proj)) if no_bias else None)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype, self.device, capacity)
@@ -224,6 +226,18 @@ def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 # HF RMSNorm classes that compute weight * x * rsqrt(mean(x^2) + eps) in float32 (checked in tests)
 _RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
+
+
+def _fuse_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """One [sum of out_features, in] tensor holding the linears' weights; each linear's weight is
+    replaced by a view into it (the originals are freed)."""
+    fused = torch.cat([m.weight.detach() for m in linears])
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start : start + n], requires_grad=m.weight.requires_grad)
+        start += n
+    return fused
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
