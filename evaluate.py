@@ -50,8 +50,7 @@ def take_method_list(argv: list[str]) -> list[str]:
 def method_configs(cfg: DictConfig) -> list[DictConfig]:
     """One composed method config per listed method. A `method.key=` or `method/group=` override
     applies to each listed method that has that key (`method.drafter.policy.ratio=0.05` leaves ar
-    alone); one that
-    no listed method has is an error."""
+    alone); one that no listed method has is an error."""
     if not METHOD_LIST:
         return [cfg.method]
     hc = HydraConfig.get()

@@ -6,6 +6,8 @@ import difflib
 import math
 from typing import Any
 
+DTYPES = ("float32", "bfloat16", "float16")  # what model.dtype, drafter.dtype and teacher.dtype accept
+
 
 class ConfigError(ValueError):
     """A config key that cannot work: the message names the key and what it accepts."""

@@ -2,9 +2,9 @@
 
 Defaults live once: a part's in its class (its config group is generated from it here), an entry
 point's own settings in its YAML (conf/evaluate.yaml, conf/train.yaml), typed and checked by the
-dataclasses in `eval/settings.py` and `training/settings.py`. This module composes and validates: a misspelt key, a wrong type or a value out of
-range fails with a `ConfigError` naming the key and what it accepts; the rules that span sections
-are here. docs/reliability.md lists them.
+dataclasses in `eval/settings.py` and `training/settings.py`. This module composes and validates:
+a misspelt key, a wrong type or a value out of range fails with a `ConfigError` naming the key and
+what it accepts; the rules that span sections are here. docs/reliability.md lists them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sparsespec.checks import ConfigError, close, positive, require
+from sparsespec.checks import ConfigError, choice, close, positive, require
 
 __all__ = ["ConfigError", "compose", "load_method", "parse_ctx", "register_configs", "validate_evaluate_config",
            "validate_train_config"]
@@ -183,7 +183,7 @@ def check_method(mc: Any) -> Any:
 # validation
 
 
-def check_settings(cfg: Any, schema: type, prefix: str = "") -> None:
+def check_settings(cfg: Any, schema: type) -> None:
     """Raise ConfigError unless `cfg` fits the settings dataclass `schema`: every key known, every
     value of the declared type, and each section's own checks (`__post_init__`). Interpolations
     are left unresolved (checked when used)."""
@@ -200,11 +200,11 @@ def check_settings(cfg: Any, schema: type, prefix: str = "") -> None:
         for part in parent.split(".") if parent else []:
             node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
         allowed = [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
-        raise ConfigError(f"{prefix}{key} is not a config key{close(key.rsplit('.', 1)[-1], allowed)}; "
-                          f"the keys of {prefix}{parent or 'the config'} are: {', '.join(allowed)}") from None
+        raise ConfigError(f"{key} is not a config key{close(key.rsplit('.', 1)[-1], allowed)}; "
+                          f"the keys of {parent or 'the config'} are: {', '.join(allowed)}") from None
     except OmegaConfBaseException as e:
         what = str(e.msg).splitlines()[0] if e.msg else str(e).splitlines()[0]
-        raise ConfigError(f"{prefix}{e.full_key or e.key}={e.value!r} has the wrong type: {what}") from None
+        raise ConfigError(f"{e.full_key or e.key}={e.value!r} has the wrong type: {what}") from None
     own, hints = {}, typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         if dataclasses.is_dataclass(hints[f.name]):
@@ -235,9 +235,7 @@ def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> 
     for mc in method_cfgs if method_cfgs is not None else [cfg.method]:
         check_method(mc)
     name = cfg.dataset.name
-    if name not in LOADERS:
-        raise ConfigError(f"dataset.name={name!r} is not allowed{close(name, list(LOADERS))}: use one of "
-                          f"{', '.join(LOADERS)}")
+    choice("dataset.name", name, tuple(LOADERS))
     known = loader_options(name)
     for key in cfg.dataset.get("options") or {}:
         if key not in known:

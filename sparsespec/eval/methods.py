@@ -38,7 +38,7 @@ class Method:
     @classmethod
     def from_config(cls, node: Any) -> Method:
         """A composed conf/method node (or a plain dict) -> a checked Method. Raises MethodConfigError."""
-        d = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+        d = OmegaConf.to_container(node if OmegaConf.is_config(node) else OmegaConf.create(dict(node)), resolve=True)
         known = [f.name for f in fields(cls)]
         if "name" not in d:
             raise MethodConfigError("a method config needs a name (name: my_method)")
@@ -56,8 +56,9 @@ class Method:
         return asdict(self)
 
     def _build(self, key: str, base: type, **extra: Any) -> Any:
-        node = OmegaConf.select(OmegaConf.create(self.as_dict()), key)
-        node = OmegaConf.to_container(node) if OmegaConf.is_config(node) else node
+        node = self.as_dict()  # plain values: from_config resolved the interpolations
+        for part in key.split("."):
+            node = node[part]
         self._import(node, f"method.{key}")
         if key == "drafter" and node.get("policy") is not None:  # built first, so its errors name its key
             node = {k: v for k, v in node.items() if k != "policy"}

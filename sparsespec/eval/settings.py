@@ -12,9 +12,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from sparsespec.checks import choice, number, positive, require
+from sparsespec.checks import DTYPES, choice, number, positive, require
 
-DTYPES = ("float32", "bfloat16", "float16")
 ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
 
 

@@ -14,9 +14,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from sparsespec.checks import choice, non_negative, number, positive, require
-
-DTYPES = ("float32", "bfloat16", "float16")
+from sparsespec.checks import DTYPES, choice, non_negative, number, positive, require
 
 
 @dataclass
