@@ -33,7 +33,7 @@ usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 check() {
   local files=("$@")
   [ ${#files[@]} -gt 0 ] || files=(conf/sweep/*.yaml)
-  "$PYTHON" -m sparsespec.tracking check "${files[@]}"
+  "$PYTHON" -m sparsespec.sweeps check "${files[@]}"
 }
 
 need_server() {
@@ -42,7 +42,7 @@ need_server() {
     offline|disabled|dryrun) die "WANDB_MODE=$WANDB_MODE: sweeps need a W&B server; unset it, or run the offline Optuna search (python train.py -m hparams_search=budgetdraft)" ;;
   esac
   local mode
-  mode=$(env -u WANDB_MODE "$PYTHON" -m sparsespec.tracking mode)
+  mode=$(env -u WANDB_MODE "$PYTHON" -m sparsespec.sweeps mode)
   [ "$mode" = online ] || die "W&B is not configured (no WANDB_API_KEY, no \`wandb login\` entry in ~/.netrc). Run \`wandb login\` (or set WANDB_API_KEY; WANDB_BASE_URL for a self-hosted server), or use the offline Optuna search: python train.py -m hparams_search=budgetdraft"
 }
 

@@ -25,7 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 from test_training import make_env
 
-from sparsespec import tracking
+from sparsespec import sweeps, tracking
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -88,7 +88,7 @@ def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
     procs = []
     for i, pt in enumerate(points):
         run_id = uuid.uuid4().hex[:8]
-        argv = tracking.agent_command(spec, pt)
+        argv = sweeps.agent_command(spec, pt)
         assert argv[:3] == ["/usr/bin/env", "python", spec["program"]]
         assert argv[3:] == [f"{k}={v}" for k, v in pt.items()]  # args_no_hyphens: key=value, unchanged
         log = open(tmp / f"agent{i}.log", "w")  # noqa: SIM115
@@ -103,7 +103,7 @@ def run_agent_points(spec: dict, points: list[dict], tmp: Path) -> list[dict]:
 
 
 def agent_points(path: Path, tiny: dict, n: int = 2) -> tuple[dict, list[dict]]:
-    spec = tracking.load_sweep(path)
+    spec = sweeps.load_sweep(path)
     extra = tiny_overrides(spec["program"], tiny)
     points = [{**pt, **extra} for pt in sweep_points.sample(spec, n=n, seed=1)]
     return spec, points
@@ -119,7 +119,7 @@ def test_sweep_files_parse_and_expand():
     assert {"budgetdraft", "sparsespec_l"} <= names
     programs, methods = set(), set()
     for path in SWEEPS:
-        spec = tracking.load_sweep(path)  # program, method, metric, parameters, command
+        spec = sweeps.load_sweep(path)  # program, method, metric, parameters, command
         programs.add(spec["program"])
         methods.add(spec["method"])
         assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
@@ -145,7 +145,7 @@ def test_sweep_files_parse_and_expand():
         else:
             assert len({json.dumps(p, sort_keys=True) for p in pts}) > 1  # really sampled
         # what `check` composes: every listed value and both ends of every range, as the agent sends them
-        checked = tracking.check_points(spec)
+        checked = sweeps.check_points(spec)
         for k, p in spec["parameters"].items():
             seen = [pt[k] for pt in checked]
             if "value" in p or "values" in p:
@@ -156,11 +156,11 @@ def test_sweep_files_parse_and_expand():
     assert programs == {"train.py", "evaluate.py"}
     assert methods >= {"bayes", "random", "grid"}
 
-    train = tracking.load_sweep(CONF / "sweep" / "budgetdraft.yaml")
+    train = sweeps.load_sweep(CONF / "sweep" / "budgetdraft.yaml")
     assert train["metric"]["name"] == "val/acceptance"
     swept = set(train["parameters"])
     assert {"budget.values", "optim.lr", "drafter.n_layers"} <= swept and {"loss.acc", "loss.kl"} <= swept
-    sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
+    sl = sweeps.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
     assert {f"method.{k}" for k in ("drafter.policy.ratio", "drafter.policy.window", "drafter.policy.k_sink",
                                     "drafter.policy.k_recent", "controller.candidates",
                                     "controller.beta")} <= set(sl["parameters"])
@@ -168,14 +168,14 @@ def test_sweep_files_parse_and_expand():
 
 
 def test_agent_command_matches_wandb_formatting():
-    spec = {"program": "train.py", "command": tracking.SWEEP_COMMAND}
-    argv = tracking.agent_command(spec, {"optim.lr": 0.001, "budget.values": [256, 512], "export": False})
+    spec = {"program": "train.py", "command": sweeps.SWEEP_COMMAND}
+    argv = sweeps.agent_command(spec, {"optim.lr": 0.001, "budget.values": [256, 512], "export": False})
     assert argv == ["/usr/bin/env", "python", "train.py", "optim.lr=0.001", "budget.values=[256, 512]", "export=False"]
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_swept_key_exists_and_points_compose(path):
-    problems = tracking.check_sweep_file(path, CONF)
+    problems = sweeps.check_sweep_file(path, CONF)
     assert problems == []
 
 
@@ -185,14 +185,14 @@ def test_missing_swept_key_is_detected(tmp_path):
     spec["parameters"]["budget.valuez"] = {"values": [[256]]}      # typo of budget.values
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(spec))
-    compose = tracking.hydra_compose(CONF, "train")
-    assert tracking.check_sweep_keys(spec["parameters"], compose) == ["optim.lrr", "budget.valuez"]
-    problems = tracking.check_sweep_file(bad, CONF)
+    compose = sweeps.hydra_compose(CONF, "train")
+    assert sweeps.check_sweep_keys(spec["parameters"], compose) == ["optim.lrr", "budget.valuez"]
+    problems = sweeps.check_sweep_file(bad, CONF)
     assert sorted(p.split(":")[0] for p in problems) == ["budget.valuez", "optim.lrr"]
     with pytest.raises(Exception, match="lrr"):  # the agent's run would die in Hydra: catch it before
         compose(["optim.lrr=0.001"])
-    sl = tracking.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
-    assert tracking.check_sweep_keys([*sl["parameters"], "method.windows"], tracking.hydra_compose(CONF, "evaluate")) \
+    sl = sweeps.load_sweep(CONF / "sweep" / "sparsespec_l.yaml")
+    assert sweeps.check_sweep_keys([*sl["parameters"], "method.windows"], sweeps.hydra_compose(CONF, "evaluate")) \
         == ["method.windows"]
 
 
