@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from sparsespec.config import ConfigError, compose, hydra_error_line, register_configs
+from sparsespec.config import ConfigError, compose_checked, hydra_error_line, register_configs
 
 register_configs()
 log = logging.getLogger("evaluate")
@@ -63,11 +63,11 @@ def method_configs(cfg: DictConfig) -> list[DictConfig]:
         used.update(mine)
         out.append(hydra.compose("evaluate", overrides=[*base, *mine]).method)
     for o in METHOD_OVERRIDES:
-        if o not in used:  # Hydra's own error, naming the key (OmegaConf asserts below a null part)
+        if o not in used:  # compose it once more for the error that names the key
             try:
-                hydra.compose("evaluate", overrides=[*common, f"method={METHOD_LIST[0]}", o])
-            except AssertionError:
-                raise ConfigError(f"{o}: no listed method has this key") from None
+                compose_checked("evaluate", [*common, f"method={METHOD_LIST[0]}", o])
+            except ConfigError as e:
+                raise ConfigError(f"{o}: no listed method has this key" if "no such key" in str(e) else str(e)) from None
     return out
 
 
@@ -78,15 +78,13 @@ def refuse_parts_a_method_lacks(argv: list[str]) -> None:
     if METHOD_LIST or not ovr:
         return
     keep = [a for a in argv[1:] if a.startswith(("method=", "hydra.searchpath="))]
+    name = next((a.partition("=")[2] for a in keep if a.startswith("method=")), "the default method")
     try:
-        compose("evaluate", [*keep, *ovr])
-    except AssertionError:
-        name = next((a.partition("=")[2] for a in keep if a.startswith("method=")), "the default method")
-        log.error("%s: %s has no such key (a part's settings sit under method.drafter, method.drafter.policy "
-                  "and method.controller; ar has no parts)", " ".join(ovr), name)
-        sys.exit(2)
-    except Exception:  # Hydra reports everything else itself, naming the key
-        return
+        compose_checked("evaluate", [*keep, *ovr], method=name)
+    except ConfigError as e:
+        if "has no such key" in str(e):  # Hydra reports everything else itself, naming the key
+            log.error("%s", e)
+            sys.exit(2)
 
 
 def _composes(overrides: list[str]) -> bool:

@@ -156,17 +156,24 @@ def load_method(name: str, overrides: list[str] | tuple[str, ...] = (), search_p
                 ) -> Any:
     """conf/method/<name>.yaml with `method...` overrides -> a checked Method. `search_path`: a user's
     config folder (its method/ files) searched besides the package's own. Raises ConfigError."""
+    extra = [f"hydra.searchpath=[file://{Path(search_path).resolve()}]"] if search_path is not None else []
+    cfg = compose_checked("evaluate", [*extra, f"method={name}", *overrides], method=name)
+    return check_method(cfg.method)
+
+
+def compose_checked(name: str, overrides: list[str] | tuple[str, ...], method: str | None = None) -> Any:
+    """compose(), with every composition error as one ConfigError line naming the key."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    extra = [f"hydra.searchpath=[file://{Path(search_path).resolve()}]"] if search_path is not None else []
     try:
-        cfg = compose("evaluate", [*extra, f"method={name}", *overrides])
+        return compose(name, overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(hydra_error_line(e)) from None
-    except AssertionError:  # OmegaConf's, for a key under a null node (ar has no drafter)
-        raise ConfigError(f"method {name} has no such key: {' '.join(overrides)}") from None
-    return check_method(cfg.method)
+    except AssertionError:  # OmegaConf's, for a key below a null part (ar has no drafter)
+        keys = " ".join(o for o in overrides if o.lstrip("+~").startswith("method."))
+        raise ConfigError(f"{keys}: {method or 'the method'} has no such key (a part's settings sit under "
+                          "method.drafter, method.drafter.policy and method.controller; ar has no parts)") from None
 
 
 def check_method(mc: Any) -> Any:

@@ -222,11 +222,11 @@ def test_ar_runs_first_so_every_row_gets_its_speedup():
     with initialize_config_dir(str(CONF), version_base="1.3"):
         mcfgs = [compose("evaluate", overrides=[f"method={m}"]).method for m in ("magicdec", "sparsespec_l")]
         ar_cfg = compose("evaluate", overrides=["method=ar"]).method
-    assert [m.name for m, _ in build_methods(mcfgs, "ar")] == ["ar", "magicdec", "sparsespec_l"]
-    assert [m.name for m, _ in build_methods([*mcfgs, ar_cfg], None)] == ["ar", "magicdec", "sparsespec_l"]
-    assert [m.name for m, _ in build_methods(mcfgs, None)] == ["magicdec", "sparsespec_l"]
+    assert [m.name for m in build_methods(mcfgs, "ar")] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m in build_methods([*mcfgs, ar_cfg], None)] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m in build_methods(mcfgs, None)] == ["magicdec", "sparsespec_l"]
     # the implicit baseline and an explicit `method=ar` are the same method settings (resume relies on it)
-    assert build_methods(mcfgs, "ar")[0][1] == build_methods([ar_cfg], None)[0][1]
+    assert build_methods(mcfgs, "ar")[0].as_dict() == build_methods([ar_cfg], None)[0].as_dict()
     with pytest.raises(EvaluationError, match="twice"):
         build_methods([mcfgs[0], mcfgs[0]], None)
     with pytest.raises(EvaluationError, match="baseline=ar or baseline=null"):

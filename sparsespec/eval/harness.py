@@ -39,25 +39,25 @@ class EvaluationError(ValueError):
     """Bad input: the message names the key or file and the fix."""
 
 
-def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[tuple[Method, dict]]:
-    """(method, its config as a plain dict) per requested method; `ar` first when it takes part."""
+def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[Method]:
+    """The requested methods, checked; `ar` first when it takes part."""
     methods = []
     for mc in method_cfgs:
         try:
             m = Method.from_config(mc)
         except MethodConfigError as e:
             raise EvaluationError(str(e)) from None
-        methods.append((m, m.as_dict()))
-    names = [m.name for m, _ in methods]
+        methods.append(m)
+    names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise EvaluationError(f"method list {names} names a method twice; list each method once")
     if baseline not in (None, "ar"):
         raise EvaluationError(f"baseline={baseline!r}: use baseline=ar or baseline=null")
     if baseline == "ar" and "ar" not in names:
         ar = Method(name="ar")
-        methods.insert(0, (ar, ar.as_dict()))
+        methods.insert(0, ar)
     # AR first: the paired speedup and the identity check need its row.
-    methods.sort(key=lambda pair: pair[0].name != "ar")
+    methods.sort(key=lambda m: m.name != "ar")
     return methods
 
 
@@ -81,7 +81,7 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}={old!r} before, {new!r} now"]
 
 
-def check_resume(out_dir: Path, fingerprint: dict, methods: list[tuple[Method, dict]]) -> None:
+def check_resume(out_dir: Path, fingerprint: dict, methods: list[Method]) -> None:
     """Refuse to mix results of different settings in one out_dir (before anything is written)."""
     rows = read_rows(out_dir / "results.jsonl")
     if not rows:
@@ -98,7 +98,8 @@ def check_resume(out_dir: Path, fingerprint: dict, methods: list[tuple[Method, d
             raise EvaluationError(
                 f"out_dir={out_dir} holds results of a different run ({'; '.join(diff[:4])}): resuming would mix "
                 f"them; {fix}")
-    for m, conf in methods:
+    for m in methods:
+        conf = m.as_dict()
         old = next((r.get("method_config") for r in rows if r.get("method") == m.name and r.get("method_config")), None)
         if old is not None and old != conf:
             raise EvaluationError(
@@ -159,7 +160,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     except (ModelLoadError, ValueError) as e:
         raise EvaluationError(str(e)) from e
     target = CausalLM(loaded.model)
-    if target.dtype != torch.float32 and any(m.speculative for m, _ in methods):
+    if target.dtype != torch.float32 and any(m.speculative for m in methods):
         # Verification runs k+1 tokens through kernels shaped differently from AR's one-token step; in
         # fp32 the logits agree to ~1e-6 and greedy outputs have matched on every run, in bf16/fp16
         # they differ by ~1e-2 and a near-tie can flip (seen at 64k in bf16). exact_match_ar reports it.
@@ -179,14 +180,14 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     if not samples:
         raise EvaluationError(f"dataset={d.name} gave no sample at ctx={ctx}; check dataset.path / dataset.task")
     drafter_model = None
-    if any(m.needs_drafter_model for m, _ in methods):
-        drafter_model = _load_drafter(cfg, [m for m, _ in methods], loaded, load_model, check_same_tokenizer,
+    if any(m.needs_drafter_model for m in methods):
+        drafter_model = _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer,
                                       ModelLoadError)
 
     from sparsespec.eval.memory import check_memory
 
     if cfg.runtime.memory_guard:
-        check_memory(target, ctx + max_new, [m for m, _ in methods], drafter_model, cfg.runtime.prefill_chunk,
+        check_memory(target, ctx + max_new, methods, drafter_model, cfg.runtime.prefill_chunk,
                      EvaluationError)
 
     # -- run ------------------------------------------------------------------------------------------
@@ -201,19 +202,19 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     stop_ids = set(_eos_ids(tokenizer))
     eos = tuple(stop_ids) if cfg.gen.stop_at_eos else ()
     chunk = int(cfg.runtime.prefill_chunk)
-    pairs = [(s, m, conf) for s in samples for m, conf in methods]
+    pairs = [(s, m) for s in samples for m in methods]
     todo = [p for p in pairs if results.done(p[0].sample_id, p[1].name) is None]
     if len(todo) < len(pairs):
         log.info("resuming in %s: %d of %d (sample, method) pairs are done", out_dir, len(pairs) - len(todo), len(pairs))
     if cfg.runtime.warmup and todo:
-        _warmup([m for m, _ in methods], target, drafter_model, samples[0].prompt_ids, chunk)
+        _warmup(methods, target, drafter_model, samples[0].prompt_ids, chunk)
 
     from tqdm.auto import tqdm
 
     progress = bool(cfg.runtime.progress)
     bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc="evaluate", disable=not progress, unit="run")
     shared = SharedPrefill(target, chunk, enabled=bool(cfg.runtime.get("share_prefill", True)))
-    for sample, method, conf in todo:
+    for sample, method in todo:
         bar.set_postfix_str(f"{sample.sample_id} {method.name}")
         n_new = max_new
         if cfg.gen.get("use_task_length") and sample.max_new_tokens:
@@ -221,7 +222,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         row = _run_one(method, sample, target, drafter_model, n_new, sampling, cfg, eos, chunk,
                        progress and sample.prompt_tokens > 2 * chunk, shared)
         row["ctx"] = ctx
-        row["method_config"] = conf
+        row["method_config"] = method.as_dict()
         ar_row = results.done(sample.sample_id, "ar")
         if ar_row is not None and method.name != "ar":
             row["speedup"] = ar_row["wall_s"] / row["wall_s"] if row["wall_s"] > 0 else None
