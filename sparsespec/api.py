@@ -71,20 +71,22 @@ def _override(key: str, value: Any) -> str:
 
 
 def pipeline(method: str, model: str | Path | None = None, drafter: str | Path | None = None,
-             ctx: int | None = None, dtype: str = "float32", config_dir: str | Path | None = None,
+             ctx: int | None = None, device: str = "auto", dtype: str = "auto", config_dir: str | Path | None = None,
              **overrides: Any) -> Pipeline:
     """A ready method on a loaded model.
 
     method: a name in conf/method (or in `config_dir`/method for your own methods); model: a local
     directory, a .gguf file, a hub id, or None for the embedded SmolLM2; drafter: the drafter model
     for small-model methods (default for budgetdraft: the latest export); ctx: the longest prompt +
-    output you will run (YaRN is applied past the model's trained positions, as in evaluate.py).
+    output you will run (YaRN is applied past the model's trained positions, as in evaluate.py);
+    device: auto (CUDA when available), cpu, cuda or cuda:N; dtype: auto (bfloat16 on CUDA, float32
+    on the CPU), float32, bfloat16 or float16 (float32 for outputs token-identical to ar).
     overrides: the method's keys with `__` for a dot: `drafter__policy__ratio=0.05`
     (= `method.drafter.policy.ratio=0.05`), `controller="fixed"` (= `method/controller=fixed`),
     `controller__k=8`, `lookup=2`. Raises ConfigError / ModelLoadError with the key or path to fix.
     """
     m = load_method(method, [_override(k, v) for k, v in overrides.items()], search_path=config_dir)
-    loaded = load_model(model, dtype=dtype, ctx=ctx)
+    loaded = load_model(model, dtype=dtype, ctx=ctx, device=device)
     drafter_model = None
     if m.needs_drafter_model:
         if drafter is None and m.needs_trained_drafter:
@@ -93,5 +95,5 @@ def pipeline(method: str, model: str | Path | None = None, drafter: str | Path |
             drafter = latest_drafter_path()
         if drafter is None:
             raise MethodConfigError(f"method {m.name} decodes with a drafter model: pass drafter=DIR")
-        drafter_model = CausalLM(load_model(drafter, dtype=dtype, ctx=ctx).model)
+        drafter_model = CausalLM(load_model(drafter, dtype=dtype, ctx=ctx, device=device).model)
     return Pipeline(m, loaded, CausalLM(loaded.model), drafter_model)

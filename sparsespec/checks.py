@@ -6,7 +6,7 @@ import difflib
 import math
 from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")  # what model.dtype, drafter.dtype and teacher.dtype accept
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype, drafter.dtype, teacher.dtype (auto: models.device)
 
 
 class ConfigError(ValueError):

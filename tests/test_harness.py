@@ -510,7 +510,7 @@ def test_shared_prefill_runs_the_prompt_once_and_changes_nothing(env, tmp_path, 
     real = CausalLM.prefill
 
     def counting(self, ids, *a, **kw):
-        lengths.append(int(ids.shape[0]))
+        lengths.append(len(ids))
         return real(self, ids, *a, **kw)
 
     monkeypatch.setattr(CausalLM, "prefill", counting)
@@ -557,3 +557,18 @@ def test_a_method_list_is_composed_per_method_not_merged_by_hydra(monkeypatch):
     monkeypatch.setattr(evaluate, "METHOD_LIST", None)
     assert evaluate.take_method_list(["evaluate.py", "method=magicdec"]) == ["evaluate.py", "method=magicdec"]
     assert evaluate.METHOD_LIST is None
+
+
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(env, tmp_path):
+    # cuda:99: no CUDA here, or fewer GPUs than that where there is
+    with pytest.raises(EvaluationError, match=r"model.device=cuda:99: (CUDA is not available|this machine has)"):
+        run_inproc(env, tmp_path / "gpu", "model.device=cuda:99", "gen.max_new_tokens=4", methods=("magicdec",))
+    assert not (tmp_path / "gpu").exists()
+    rows = run_inproc(env, tmp_path / "cpu", "model.device=cpu", "model.dtype=auto", "gen.max_new_tokens=4",
+                      methods=("magicdec",))
+    assert rows and all(r["exact_match_ar"] for r in rows if r["method"] != "ar")
+    # the fingerprint records what auto resolved to, so a resume elsewhere is told
+    from sparsespec.eval.harness import RUN_FILE
+
+    model = json.loads((tmp_path / "cpu" / RUN_FILE).read_text())["model"]
+    assert (model["device"], model["dtype"]) == ("cpu", "float32")

@@ -313,7 +313,7 @@ def test_dtype(tiny, name, dtype):
 
 
 def test_bad_dtype(tiny):
-    with pytest.raises(ValueError, match="expected float32, bfloat16 or float16"):
+    with pytest.raises(ValueError, match=r"model.dtype=.int8.: expected auto, float32, bfloat16 or float16"):
         load_model(str(tiny[0]), dtype="int8")
 
 

@@ -100,6 +100,7 @@ EVAL_BAD = [
     (["+model.dtyp=float16"], "model.dtyp", "dtype"),
     (["model.dtype=float8"], "model.dtype", "float32, bfloat16, float16"),
     (["drafter.dtype=int4"], "drafter.dtype", "float32, bfloat16, float16"),
+    (["model.device=gpu"], "model.device", "auto, cpu, cuda or cuda:N"),
     (["dataset.name=pg91"], "dataset.name", "pg19"),
     (["dataset=ruler", "+dataset.options.dept=0.5"], "dataset.options.dept", "depth"),
     (["ctx=lots"], "ctx", "4k"),
@@ -158,6 +159,7 @@ TRAIN_BAD = [
     (["teacher.on_policy_tokens=64"], "teacher.on_policy_tokens", "fewer than corpus.seq_len=64"),
     (["teacher.on_policy_tokens=-1"], "teacher.on_policy_tokens", ">= 0"),
     (["model.dtype=half"], "model.dtype", "float32, bfloat16, float16"),
+    (["model.device=tpu"], "model.device", "auto, cpu, cuda or cuda:N"),
     (["drafter.kind=big"], "drafter.kind", "truncated, small"),
     (["drafter.n_layers=0"], "drafter.n_layers", "> 0"),
     (["ckpt_path=/no/such/last.ckpt"], "ckpt_path", "last.ckpt"),
@@ -501,3 +503,12 @@ def test_soak_script_smoke(env, tmp_path):
     md = soak.markdown(data)
     assert "| 256 | ar | " in md and "| 256 | sparsespec_l | " in md and md.count("| yes |") >= 3
     assert data["command"].startswith("python scripts/soak.py --model-path")
+
+
+def test_train_refuses_a_gpu_this_machine_lacks_before_any_model_loads(env, tmp_path, no_model_load):
+    from sparsespec.training.run import train
+
+    cfg = compose_cfg("train", overrides(env, tmp_path / "out", "model.device=cuda:99"))
+    with pytest.raises(ConfigError, match=r"model.device=cuda:99: (CUDA is not available|this machine has)"):
+        train(cfg)
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_harness import ROOT, base_overrides, env, sub_env  # noqa: F401 (env: the tiny model fixture)
 
 import sparsespec
@@ -52,8 +53,9 @@ def test_a_users_kv_policy_through_the_python_api(env, tmp_path, monkeypatch):  
     write_doc_examples(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "my_parts"))
     pipe = sparsespec.pipeline("key_norm", model=str(env["model"]), config_dir=tmp_path / "my_conf",
-                                drafter__policy__ratio=0.2)
+                                drafter__policy__ratio=0.2, device="cpu")
     ar = sparsespec.pipeline("ar", model=str(env["model"]))
+    assert pipe.target.device.type == "cpu" and pipe.target.dtype == ar.target.dtype == torch.float32
     prompt = list(range(2, 300))
     streamed = []
     out = pipe.generate(prompt, max_new_tokens=24, on_token=streamed.append, stop_at_eos=False)
@@ -80,3 +82,7 @@ def test_pipeline_bad_names_say_what_to_fix(env):  # noqa: F811
         sparsespec.pipeline("magicdec", model=str(env["model"]), drafter__policy__ratio=2)
     with pytest.raises(MethodConfigError, match="drafter=DIR"):
         sparsespec.pipeline("sd", model=str(env["model"]))
+    with pytest.raises(ConfigError, match=r"model.device=cuda:99: (CUDA is not available|this machine has)"):
+        sparsespec.pipeline("ar", model=str(env["model"]), device="cuda:99")
+    with pytest.raises(ConfigError, match=r"model.device='gpu': expected auto, cpu, cuda or cuda:N"):
+        sparsespec.pipeline("ar", model=str(env["model"]), device="gpu")

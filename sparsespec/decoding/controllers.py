@@ -162,7 +162,7 @@ class EntropyController(Controller):
         for m in (1, 2, 4, 8):
             rounds = [(ps, acc) for ps, acc in self.log if len(ps) >= m]
             if rounds:
-                prod = [float(torch.tensor(ps[:m]).prod()) for ps, _ in rounds]
+                prod = [float(torch.tensor(ps[:m], device="cpu").prod()) for ps, _ in rounds]
                 chain[m] = {
                     "observed": sum(acc >= m for _, acc in rounds) / len(rounds),
                     "predicted": sum(prod) / len(prod),

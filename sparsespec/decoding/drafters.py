@@ -146,7 +146,7 @@ class SelfDrafter(Drafter):
         base, pos = cache.length, iter(range(length, length + kmax))
 
         def step(ids: list[int]) -> torch.Tensor:  # the compact cache keeps the tokens' true positions
-            return model.forward(torch.tensor(ids), cache, positions=torch.tensor([next(pos)]))[-1]
+            return model.forward(ids, cache, positions=[next(pos)])[-1]
 
         proposal = draft(step, [state.tokens[-1]], kmax, controller, sampling, gen, t0)
         if idx is None:
@@ -178,13 +178,13 @@ class ModelDrafter(Drafter):
             raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
                                 "pass model=CausalLM(...)")
         self.cache = self.model.new_cache(len(state.tokens) + 64)
-        prompt = torch.tensor(state.tokens[: state.prompt_len])
-        self.model.prefill(prompt, self.cache, chunk=self.prefill_chunk, mask_fn=self.policy.mask)
+        self.model.prefill(state.tokens[: state.prompt_len], self.cache, chunk=self.prefill_chunk,
+                           mask_fn=self.policy.mask)
 
     def _step(self, ids: list[int]) -> torch.Tensor:
         n = len(ids)
-        mask = self.policy.mask(self.cache.length, n, self.cache.length + n)
-        return self.model.forward(torch.tensor(ids), self.cache, mask=mask, logits="last")[-1]
+        mask = self.policy.mask(self.cache.length, n, self.cache.length + n, self.model.device)
+        return self.model.forward(ids, self.cache, mask=mask, logits="last")[-1]
 
     def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
                 gen: torch.Generator) -> Proposal:
@@ -237,7 +237,7 @@ class PromptLookup:
         n = self.ngram
         if len(tokens) <= n:
             return []
-        ids = torch.tensor(tokens)
+        ids = torch.tensor(tokens, device="cpu")  # host-side: token ids are host data
         # every earlier n-gram start i (its next token, ids[i + n], must exist: i < len - n)
         hits = (ids[:-1].unfold(0, n, 1) == ids[-n:]).all(-1).nonzero()
         if hits.numel() == 0:
@@ -258,7 +258,8 @@ class PromptLookup:
             return None
         self.looked_up += 1
         vocab = state.target.vocab_size
-        q = None if sampling.greedy else torch.nn.functional.one_hot(torch.tensor(out), vocab).float()
+        q = None if sampling.greedy else torch.nn.functional.one_hot(
+            torch.tensor(out, device=state.target.device), vocab).float()
         return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0, controlled=False)
 
     def report(self) -> dict[str, int]:

@@ -122,7 +122,7 @@ class SpeculativeEngine:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to condition on")
         sampling = sampling or Sampling()
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=self.target.device).manual_seed(seed)
         target, drafter = self.target, self.drafter
         if cache is None:
             cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)
@@ -134,7 +134,7 @@ class SpeculativeEngine:
             self.lookup.looked_up = self.lookup.missed = 0
         t0 = time.perf_counter()
         capture = drafter.prefill_capture() if drafter else None
-        logits = target.prefill(torch.tensor(prompt_ids[done:]), cache, self.prefill_chunk, capture=capture,
+        logits = target.prefill(prompt_ids[done:], cache, self.prefill_chunk, capture=capture,
                                 progress=progress)[-1]
         first, _ = sampling.sample(logits, gen)
         state = DecodeState(target, cache, list(prompt_ids) + [first], len(prompt_ids))
@@ -185,8 +185,7 @@ class SpeculativeEngine:
 
         t0 = time.perf_counter()
         capture = drafter.verify_capture() if drafter else None
-        ids = torch.tensor([state.tokens[-1], *draft])
-        logits = target.forward(ids, cache, capture=capture)
+        logits = target.forward([state.tokens[-1], *draft], cache, capture=capture)
         if sampling.greedy:
             n_acc, nxt = accept_greedy(draft, logits)
         else:

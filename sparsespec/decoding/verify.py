@@ -30,14 +30,16 @@ def accept_speculative(
     target's (same temperature / top-p transform). Returns (n_accepted, next_token)."""
     k = len(draft)
     if k:
-        idx = torch.tensor(draft)
-        ratio = p[torch.arange(k), idx] / q[torch.arange(k), idx]
-        u = torch.rand(k, generator=generator)
-        for i in range(k):
-            if u[i] >= ratio[i]:  # reject (u < min(1, ratio) accepts)
-                residual = (p[i] - q[i]).clamp(min=0)
-                total = residual.sum()
-                # total == 0 only if p == q, where rejection has probability 0; guard anyway
-                dist = residual / total if total > 0 else p[i]
-                return i, int(torch.multinomial(dist, 1, generator=generator))
+        idx = torch.tensor(draft, device=p.device)
+        rows = torch.arange(k, device=p.device)
+        ratio = p[rows, idx] / q[rows, idx]
+        u = torch.rand(k, generator=generator, device=p.device)
+        rejected = (u >= ratio).tolist()  # u < min(1, ratio) accepts; one host read for all k
+        if True in rejected:
+            i = rejected.index(True)
+            residual = (p[i] - q[i]).clamp(min=0)
+            total = residual.sum()
+            # total == 0 only if p == q, where rejection has probability 0; guard anyway (on the device)
+            dist = torch.where(total > 0, residual / total, p[i])
+            return i, int(torch.multinomial(dist, 1, generator=generator))
     return k, int(torch.multinomial(p[k], 1, generator=generator))

@@ -61,10 +61,12 @@ def build_methods(method_cfgs: list[DictConfig], baseline: str | None) -> list[M
     return methods
 
 
-def run_fingerprint(cfg: DictConfig, ctx: int) -> dict:
-    """The settings every row of one out_dir must share (methods and limit may change on resume)."""
+def run_fingerprint(cfg: DictConfig, ctx: int, device: torch.device, dtype: torch.dtype) -> dict:
+    """The settings every row of one out_dir must share (methods and limit may change on resume);
+    `auto` device and dtype as they resolved, so a resume on another machine is told."""
+    model = {**OmegaConf.to_container(cfg.model, resolve=True), "device": device.type, "dtype": str(dtype)[6:]}
     return {
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "model": model,
         "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
         "ctx": ctx,
         "gen": OmegaConf.to_container(cfg.gen, resolve=True),
@@ -149,14 +151,23 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         raise EvaluationError(f"out_dir could not be resolved ({type(e).__name__}); pass out_dir=DIR") from e
     if out_dir.exists() and not out_dir.is_dir():
         raise EvaluationError(f"out_dir={out_dir} is a file; pass a directory")
-    fingerprint = run_fingerprint(cfg, ctx)
+    from sparsespec.models.device import resolve_device, resolve_dtype
+
+    try:
+        device = resolve_device(cfg.model.device)
+        dtype = resolve_dtype(cfg.model.dtype, device)
+        drafter_dtype = resolve_dtype(cfg.drafter.dtype or cfg.model.dtype, device, key="drafter.dtype")
+    except ValueError as e:
+        raise EvaluationError(str(e)) from e
+    fingerprint = run_fingerprint(cfg, ctx, device, dtype)
     check_resume(out_dir, fingerprint, methods)
     torch.set_num_threads(int(cfg.runtime.threads or len(os.sched_getaffinity(0)) or 1))
     max_new = int(cfg.gen.max_new_tokens)
 
     # -- model, samples, drafter ----------------------------------------------------------------------
     try:
-        loaded = load_model(cfg.model.path, cfg.model.dtype, ctx=ctx + max_new, rope_scaling=cfg.model.rope_scaling)
+        loaded = load_model(cfg.model.path, dtype, ctx=ctx + max_new, rope_scaling=cfg.model.rope_scaling,
+                            device=device)
     except (ModelLoadError, ValueError) as e:
         raise EvaluationError(str(e)) from e
     target = CausalLM(loaded.model)
@@ -166,7 +177,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         # they differ by ~1e-2 and a near-tie can flip (seen at 64k in bf16). exact_match_ar reports it.
         log.warning("model.dtype=%s: speculative greedy outputs can differ from ar at near-tied logits "
                     "(low-precision rounding differs between a k+1-token verification and a 1-token step); "
-                    "use model.dtype=float32 for token-identical outputs", cfg.model.dtype)
+                    "use model.dtype=float32 for token-identical outputs", str(dtype)[6:])
     tokenizer = loaded.tokenizer
     d = cfg.dataset
     try:
@@ -182,7 +193,7 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     drafter_model = None
     if any(m.needs_drafter_model for m in methods):
         drafter_model = _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer,
-                                      ModelLoadError)
+                                      ModelLoadError, drafter_dtype, device)
 
     from sparsespec.eval.memory import check_memory
 
@@ -295,7 +306,7 @@ class SharedPrefill:
             head = sample.prompt_ids[: -self.TAIL]
             cache = self.target.new_cache(sample.prompt_tokens + max_new + 64)
             t0 = time.perf_counter()
-            self.target.prefill(torch.tensor(head), cache, self.chunk, progress=bar.update if bar else None)
+            self.target.prefill(head, cache, self.chunk, progress=bar.update if bar else None)
             self.sample_id, self.cache, self.seconds = sample.sample_id, cache, time.perf_counter() - t0
         return self.cache, self.seconds
 
@@ -371,7 +382,7 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
     return row
 
 
-def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelLoadError) -> CausalLM:
+def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelLoadError, dtype, device) -> CausalLM:
     path = cfg.drafter.path
     if path is None and any(m.needs_trained_drafter for m in methods):
         from sparsespec.models.exports import latest_drafter_path
@@ -387,7 +398,7 @@ def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelL
         raise EvaluationError(f"methods {names} need a small drafter: pass drafter.path=DIR (a model "
                               "directory with the target's tokenizer, e.g. a train.py export)")
     try:
-        drafter = load_model(path, cfg.drafter.dtype or cfg.model.dtype)
+        drafter = load_model(path, dtype, device=device)
         check_same_tokenizer(loaded.tokenizer, drafter.tokenizer, what=f"drafter.path={path}")
     except (ModelLoadError, ValueError) as e:
         raise EvaluationError(str(e)) from e

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from sparsespec.checks import DTYPES, choice, number, positive, require
+from sparsespec.models.device import check_device_form
 
 ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
 
@@ -20,10 +21,12 @@ ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
 @dataclass
 class ModelConfig:
     path: str | None = MISSING
+    device: str = MISSING
     dtype: str = MISSING
     rope_scaling: Any = MISSING
 
     def __post_init__(self) -> None:
+        check_device_form("model.device", self.device)
         choice("model.dtype", self.dtype, DTYPES)
         if self.rope_scaling is not None and not hasattr(self.rope_scaling, "keys"):
             choice("model.rope_scaling", str(self.rope_scaling).lower(), ROPE_SCALING)

@@ -123,14 +123,14 @@ class KVPolicy:
         scores = None if self.position_only else self.score(state)
         if scores is None:
             recent = budget - self.k_sink
-            keep = torch.cat([torch.arange(self.k_sink), torch.arange(length - recent, length)]).to(device)
+            keep = torch.cat([torch.arange(self.k_sink, device=device), torch.arange(length - recent, length, device=device)])
             return keep.expand(n_layers, n_kv, budget).contiguous()
         if tuple(scores.shape) != (n_layers, n_kv, length):
             raise KVPolicyError(
                 f"{type(self).__name__}.score returned shape {tuple(scores.shape)}; expected "
                 f"[layers, kv_heads, length] = {[n_layers, n_kv, length]} (one score per cached position)")
         k_recent = self.k_recent if self.k_recent is not None else 0
-        fixed = torch.cat([torch.arange(self.k_sink), torch.arange(length - k_recent, length)]).to(device)
+        fixed = torch.cat([torch.arange(self.k_sink, device=device), torch.arange(length - k_recent, length, device=device)])
         middle = scores[..., self.k_sink : length - k_recent]
         top = middle.topk(budget - fixed.numel(), dim=-1, sorted=False).indices + self.k_sink  # sorted below
         idx = torch.cat([fixed.expand(n_layers, n_kv, -1), top], dim=-1)

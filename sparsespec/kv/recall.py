@@ -99,12 +99,12 @@ class RecallIndex(KVPolicy):
         cache, window = state.cache, self.window
         n_keys = cache.length
         if self._rows is None or self._rows.shape[-1] < n_keys:
-            self._grow(cache.n_layers, cache.n_kv_heads, n_keys)
+            self._grow(cache.n_layers, cache.n_kv_heads, n_keys, cache.k[0].device)
         n_queries = sum(next(iter(b.values()))[1].shape[1] for b in batches)
         skip = max(0, n_queries - window)  # rows that would leave the window at once
         c = n_queries - skip
         first = (self._slot + skip) % window
-        slots = torch.tensor([(first + j) % window for j in range(c)])
+        slots = torch.tensor([(first + j) % window for j in range(c)], device=cache.k[0].device)
         for layer in batches[0]:
             q = torch.cat([b[layer][0] for b in batches], 1)[:, skip:]
             lse = torch.cat([b[layer][1] for b in batches], 1)[:, skip:]
@@ -118,10 +118,10 @@ class RecallIndex(KVPolicy):
         self.update_s += time.perf_counter() - t0
         self.updates += 1
 
-    def _grow(self, n_layers: int, n_kv: int, n_keys: int) -> None:
+    def _grow(self, n_layers: int, n_kv: int, n_keys: int, device: torch.device) -> None:
         cap = max(n_keys + 1024, 2 * (self._rows.shape[-1] if self._rows is not None else 0))
-        rows = torch.zeros(n_layers, self.window, n_kv, cap)
-        total = torch.zeros(n_layers, n_kv, cap)
+        rows = torch.zeros(n_layers, self.window, n_kv, cap, device=device)
+        total = torch.zeros(n_layers, n_kv, cap, device=device)
         if self._rows is not None:
             old = self._rows.shape[-1]
             rows[..., :old], total[..., :old] = self._rows, self._sum

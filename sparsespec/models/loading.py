@@ -38,19 +38,12 @@ from transformers import (
 )
 
 from sparsespec.models import embedded
+from sparsespec.models.device import resolve_device, resolve_dtype
 from sparsespec.models.runner import applied_sliding_window, sliding_window_message
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_ALIASES = (embedded.EMBEDDED_NAME, "embedded")
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 #: Files any one of which means "this directory carries a tokenizer".
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer_config.json")
@@ -303,15 +296,6 @@ def _apply_rope(config: Any, ctx: int | None, rope_scaling: Any) -> None:
 # models
 
 
-def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r}: expected float32, bfloat16 or float16") from None
-
-
 def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """The keyword a Hugging Face forward takes its KV cache by: `cache` in transformers >= 5.x's
     newer releases, `past_key_values` before (deprecated since, removed in 5.40)."""
@@ -330,10 +314,10 @@ def _hub_message(hub_id: str, e: Exception) -> str:
 
 def load_model(
     path: str | os.PathLike[str] | None = None,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = "auto",
     ctx: int | None = None,
     rope_scaling: str | Mapping[str, Any] | None = "auto",
-    device: str = "cpu",
+    device: str | torch.device = "auto",
     tokenizer_path: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
@@ -341,10 +325,13 @@ def load_model(
     `ctx` is the longest sequence (prompt + generation) the caller will run; with the default
     `rope_scaling="auto"` it triggers YaRN when it exceeds the trained positions, and a model whose
     sliding attention window is shorter than it is refused (ModelLoadError naming sliding_window). `tokenizer_path`
-    loads the tokenizer from elsewhere (for weight-only directories). Raises ModelLoadError for
-    anything about the path, ValueError for a bad dtype or rope_scaling.
+    loads the tokenizer from elsewhere (for weight-only directories). `device`/`dtype`: see
+    `sparsespec.models.device` (auto: CUDA in bfloat16 when available, else the CPU in float32).
+    Raises ModelLoadError for anything about the path, ValueError (ConfigError) for a bad device,
+    dtype or rope_scaling.
     """
-    torch_dtype = _torch_dtype(dtype)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
     t0 = time.perf_counter()
     source, is_local = resolve_source(path)
     try:
@@ -371,8 +358,8 @@ def load_model(
         tokenizer = _load_tokenizer_from(source, is_local, "model.path")
 
     kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype, "attn_implementation": "sdpa"}
-    if device != "cpu":
-        kwargs["device_map"] = device
+    if device.type != "cpu":  # straight onto the device, never a full copy in host memory
+        kwargs["device_map"] = str(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as e:
@@ -382,5 +369,5 @@ def load_model(
         raise ModelLoadError(_hub_message(source, e)) from e
     model.eval()
     model.requires_grad_(False)
-    log.info("loaded %s (%s, %s) in %.1f s", source, type(model).__name__, torch_dtype, time.perf_counter() - t0)
+    log.info("loaded %s (%s, %s, %s) in %.1f s", source, type(model).__name__, torch_dtype, device, time.perf_counter() - t0)
     return LoadedModel(model=model, tokenizer=tokenizer, source=source, max_positions=max_positions)

@@ -121,14 +121,15 @@ class CausalLM:
     @torch.inference_mode()
     def forward(
         self,
-        ids: torch.Tensor,
+        ids: torch.Tensor | list[int],
         cache: KVCache,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | list[int] | None = None,
         mask: torch.Tensor | None = None,
         capture: Capture | None = None,
         logits: str = "all",
     ) -> torch.Tensor | None:
-        """Run ids ([n] token ids) appended to `cache` and return float32 logits.
+        """Run ids ([n] token ids, a list or a tensor; moved to the model's device) appended to `cache`
+        and return float32 logits.
 
         positions: RoPE positions of the new tokens (default: cache.length + arange(n)); a gathered
         compact cache passes the tokens' true positions. mask: [n, cache.length + n] bool visibility
@@ -136,13 +137,16 @@ class CausalLM:
         Raises UnsupportedModelError if the cache would then hold more tokens than the model's
         sliding window (`applied_sliding_window`): past it our full attention is not the model's.
         """
+        ids = torch.as_tensor(ids, device=self.device)
         n = ids.shape[0]
         if self.sliding_window is not None and cache.length + n > self.sliding_window:
             raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
         self.forward_calls += 1
         cache.reserve(n)
         if positions is None:
-            positions = torch.arange(cache.length, cache.length + n, device=ids.device)
+            positions = torch.arange(cache.length, cache.length + n, device=self.device)
+        else:
+            positions = torch.as_tensor(positions, device=self.device)
         x = self.embed(ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary(x, positions[None])
         cos, sin = cos[0], sin[0]  # [n, D]
@@ -184,16 +188,17 @@ class CausalLM:
 
     def prefill(
         self,
-        ids: torch.Tensor,
+        ids: torch.Tensor | list[int],
         cache: KVCache,
         chunk: int = 1024,
-        mask_fn: Callable[[int, int, int], torch.Tensor] | None = None,
+        mask_fn: Callable[[int, int, int, torch.device], torch.Tensor | None] | None = None,
         capture: Capture | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
         """Feed a long prompt in chunks (peak activation memory ~ chunk * context) and return the
-        last position's logits [1, V]. mask_fn(start, n, total) gives a chunk's visibility mask for
+        last position's logits [1, V]. mask_fn(start, n, total, device) gives a chunk's visibility mask for
         sparse-attention drafters; capture applies to the final chunk only (the last prompt queries)."""
+        ids = torch.as_tensor(ids, device=self.device)
         n = ids.shape[0]
         if self.sliding_window is not None and cache.length + n > self.sliding_window:  # before any chunk
             raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
@@ -208,7 +213,7 @@ class CausalLM:
             block = ids[start:end]
             last = end == n
             total = cache.length + block.shape[0]
-            m = mask_fn(cache.length, block.shape[0], total) if mask_fn else None
+            m = mask_fn(cache.length, block.shape[0], total, self.device) if mask_fn else None
             out = self.forward(block, cache, mask=m, capture=capture if last else None,
                                logits="last" if last else "none")
             if progress:

@@ -104,6 +104,9 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
     the key, before any model loads). `callbacks`: extra Lightning callbacks (tests record steps).
     `command` (the command line, as train.py passes it) is kept in metrics.json."""
     validate_train_config(cfg)
+    from sparsespec.models.device import resolve_device
+
+    resolve_device(cfg.model.device)  # a GPU this machine lacks: refused before out_dir is made
     check_training_length(cfg.trainer)
     check_drafter_tokenizer(cfg)
     t_start = time.perf_counter()
@@ -115,7 +118,7 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
 
     from sparsespec.models.loading import load_model
 
-    loaded = load_model(cfg.model.get("path"), dtype=cfg.model.get("dtype", "float32"))
+    loaded = load_model(cfg.model.get("path"), dtype=cfg.model.dtype, device=cfg.model.device)
     target, tokenizer = loaded.model, loaded.tokenizer
     fingerprint = model_fingerprint(target)
     drafter = instantiate(cfg.drafter).build(target)  # copies what it needs before the teacher cast

@@ -15,14 +15,17 @@ from typing import Any
 from omegaconf import MISSING
 
 from sparsespec.checks import DTYPES, choice, non_negative, number, positive, require
+from sparsespec.models.device import check_device_form
 
 
 @dataclass
 class TrainModelConfig:
     path: str | None = MISSING
+    device: str = MISSING
     dtype: str = MISSING
 
     def __post_init__(self) -> None:
+        check_device_form("model.device", self.device)
         choice("model.dtype", self.dtype, DTYPES)
 
 

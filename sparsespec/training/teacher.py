@@ -61,10 +61,11 @@ class Teacher:
 
     def __init__(self, model: torch.nn.Module, dtype: str = "bfloat16", topk: int = 8, batch_size: int = 1,
                  on_policy_tokens: int = 0):
-        from sparsespec.models.loading import _torch_dtype
+        from sparsespec.models.device import resolve_dtype
 
         self.dtype = str(dtype)
-        self.model = model.to(_torch_dtype(dtype)).eval()
+        self.device = next(model.parameters()).device  # the target's: the teacher pass runs where it was loaded
+        self.model = model.to(resolve_dtype(dtype, self.device, key="teacher.dtype")).eval()
         self.topk, self.batch_size = int(topk), int(batch_size)
         self.on_policy_tokens = int(on_policy_tokens)
         self.calls = 0
@@ -82,9 +83,9 @@ class Teacher:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         self.calls += 1
-        if self.on_policy_tokens:
-            return self._continue(ids)
-        return self._targets(self.model(ids).logits)
+        ids = ids.to(self.device)
+        out = self._continue(ids) if self.on_policy_tokens else self._targets(self.model(ids).logits)
+        return {k: v.cpu() for k, v in out.items()}  # cached on disk, batched by the CPU data loader
 
     def _continue(self, prompts: torch.Tensor) -> dict[str, torch.Tensor]:
         """Greedy continuation of a batch of equal-length prompts (so no padding), with the targets of
