@@ -1,11 +1,14 @@
-"""Rebuild the evaluation report from one or more results.jsonl files.
+"""Rebuild the evaluation report from one or more results files or run directories.
 
     python scripts/report.py RUN1/results.jsonl RUN2/results.jsonl --out DIR
+    python scripts/report.py OUT_DIR --out DIR      # a sharded run: merges every shard's file
 
 Writes DIR/summary.json, DIR/summary.md and the plots (speedup vs ctx, acceptance vs ctx and vs
 budget, accepted-length histogram) exactly as evaluate.py does at the end of a run, over the rows
-of every file given (a run directory stands for its results.jsonl). Joining runs at several ctx or
-budgets draws the curves across them; a row present in two files counts once.
+of every file given. A run directory stands for all its results files: results.jsonl and the
+results.shard-<i>-of-<n>.jsonl that `shard=i/n` processes write (a missing shard is warned about).
+Joining runs at several ctx or budgets draws the curves across them; a row present in two files
+counts once.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from sparsespec.eval.summary import build_report, to_markdown  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="+", help="results.jsonl files or run directories")
+    ap.add_argument("results", nargs="+", help="results files or run directories (all their results*.jsonl)")
     ap.add_argument("--out", required=True, help="directory for summary.json, summary.md and the plots")
     args = ap.parse_args(argv)
     try:

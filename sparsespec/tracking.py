@@ -191,7 +191,8 @@ def drafter_dirs(cfg: DictConfig, rows: Iterable[dict]) -> list[Path]:
 
 def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
     """Log an evaluation's out_dir to W&B (cfg.logger.wandb: project, name, group, tags, offline, id).
-    Returns the run id; None when cfg.logger has no wandb block."""
+    Returns the run id; None when cfg.logger has no wandb block or out_dir holds no results file.
+    A sharded out_dir is logged as it stands: the rows of every shard's file written so far."""
     wcfg = OmegaConf.select(cfg, "logger.wandb", default=None)
     if wcfg is None:
         return None
@@ -200,7 +201,15 @@ def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
     out_dir = Path(out_dir)
     off = resolve_offline(wcfg.get("offline", "auto"))
     _init_env(off)
-    rows = [json.loads(line) for line in (out_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    # every results file of out_dir (each shard writes its own; see sparsespec.eval.results), read as
+    # scripts/report.py and the summary read them, so this run logs what summary.json summarises
+    from sparsespec.eval.results import results_files
+    from sparsespec.eval.summary import load_results
+
+    files = results_files(out_dir)
+    if not files:  # a shard with no sample wrote nothing
+        return None
+    rows = load_results([out_dir])
     summary = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else []
     config = OmegaConf.to_container(cfg, resolve=True)
     init_kw = {k: wcfg.get(k) for k in ("project", "entity", "name", "group", "tags", "notes") if wcfg.get(k)}
@@ -230,9 +239,9 @@ def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
         for d in drafter_dirs(cfg, rows):
             log_artifact_dir(run, d, name=f"drafter-{d.resolve().parent.name or d.name}", type="model")
         art = wandb.Artifact(f"evaluation-{run.id}", type="evaluation")
-        for name in ("results.jsonl", "summary.json", "summary.md", "config.yaml"):
-            if (out_dir / name).is_file():
-                art.add_file(str(out_dir / name))
+        for f in [*files, *(out_dir / name for name in ("summary.json", "summary.md", "config.yaml"))]:
+            if f.is_file():
+                art.add_file(str(f))
         run.log_artifact(art)
         return run.id
     finally:

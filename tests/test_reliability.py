@@ -107,6 +107,9 @@ EVAL_BAD = [
     (["limit=0"], "limit", "> 0"),
     (["baseline=sd"], "baseline", "ar"),
     (["runtime.prefill_chunk=0"], "runtime.prefill_chunk", "> 0"),
+    (["shard=2/2"], "shard='2/2'", "i/n with 0 <= i < n"),
+    (["shard=abc"], "shard='abc'", "i/n with 0 <= i < n"),
+    (["shard=0/0"], "shard='0/0'", "i/n with 0 <= i < n"),
 ]
 
 

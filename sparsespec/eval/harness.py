@@ -1,12 +1,20 @@
 """The shared evaluation harness: every method on the same samples, in one process.
 
-Order of work is chosen so that bad input fails before anything is written: validate methods, gen
-and ctx; check that a resumed out_dir holds results of the same run; load the model; load the
-samples; load the drafter; check memory; only then create out_dir and start appending result lines.
+Order of work is chosen so that bad input fails before anything is written: validate methods, gen,
+ctx and shard; lock this process's results file (which creates out_dir, removed again if the run
+stops before writing); check that a resumed out_dir holds results of the same run; load the model;
+load the samples; load the drafter; check memory; only then write out_dir's files and append result
+lines.
 
 Within a sample, `ar` runs first so every other method's row gets its paired speedup and its
 token-identity check against AR as soon as it is written. A rerun with the same out_dir skips the
 (sample, method) pairs already in results.jsonl (see results.py for the line-atomic writes).
+
+Several processes may share one out_dir: with `shard=i/n` (or a launcher's RANK/WORLD_SIZE or SLURM
+array) a process runs every n-th sample into its own results.shard-<i>-of-<n>.jsonl. Each process
+locks its results file before the model loads, so a second process on the same file stops at once
+(`RunLock`); the files every process shares (config.yaml, run.json, command.txt, the summary and
+plots) are written under a short second lock, and the summary covers every results file there.
 """
 
 from __future__ import annotations
@@ -25,14 +33,25 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec.config import parse_ctx
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method, MethodConfigError
-from sparsespec.eval.results import ResultsFile, read_rows, write_atomic
-from sparsespec.eval.summary import headline, to_markdown, write_reports
+from sparsespec.eval.results import (
+    LockedError,
+    ResultsFile,
+    RunLock,
+    read_rows,
+    resolve_shard,
+    results_files,
+    results_name,
+    split_of,
+    write_atomic,
+)
+from sparsespec.eval.summary import headline, load_results, to_markdown, write_reports
 from sparsespec.kv.policies import FullKV
 from sparsespec.models.runner import CausalLM
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"  # what every row of out_dir/results.jsonl was produced under (checked on resume)
+SHARED_LOCK = ".shared.lock"  # held briefly while writing the files all shards of an out_dir share
 
 
 class EvaluationError(ValueError):
@@ -83,12 +102,28 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}={old!r} before, {new!r} now"]
 
 
-def check_resume(out_dir: Path, fingerprint: dict, methods: list[Method]) -> None:
-    """Refuse to mix results of different settings in one out_dir (before anything is written)."""
-    rows = read_rows(out_dir / "results.jsonl")
+def _split_label(split: tuple[int, int] | None) -> str:
+    return "unsharded" if split is None or split[1] == 1 else f"shard={split[0]}/{split[1]}"
+
+
+def check_resume(out_dir: Path, fingerprint: dict, methods: list[Method], results_path: Path | None = None) -> None:
+    """Refuse to mix results of different settings in one out_dir (before anything is written). The
+    rows of every results file there count (shards of one run share its settings), and a split other
+    than theirs is refused too: its shards would run samples the files there already hold."""
+    results_path = results_path or out_dir / results_name(None)
+    mine = split_of(results_path)
+    others = [f for f in results_files(out_dir) if split_of(f)[1] != mine[1]]
+    if others:
+        old = split_of(others[0])
+        raise EvaluationError(
+            f"out_dir={out_dir} holds {others[0].name} ({_split_label(old)}{' and others' if len(others) > 1 else ''}) "
+            f"and this run is {_split_label(mine)}: their samples would overlap and run twice; split this run as "
+            f"before ({'shard=i/' + str(old[1]) if old[1] > 1 else 'shard=null'}), or use a new out_dir")
+    rows = [r for f in results_files(out_dir) for r in read_rows(f)]
     if not rows:
         return
-    fix = f"use a new out_dir, or delete {out_dir / 'results.jsonl'} to start over"
+    fix = (f"use a new out_dir, or delete {out_dir / 'results.jsonl'} to start over" if mine[1] == 1 else
+           f"use a new out_dir, or delete {out_dir}'s results*.jsonl files to start over")
     run_file = out_dir / RUN_FILE
     if run_file.exists():
         try:
@@ -123,9 +158,35 @@ COMMAND_FILE = "command.txt"  # the command line(s) that wrote out_dir, one per 
 
 
 def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None, command: str | None = None) -> Path:
-    """Run every method on every sample and write out_dir's results and report. `command` (the
-    command line, as evaluate.py passes it) is kept in out_dir/command.txt, so a table built from
-    the results can say what made them."""
+    """Run every method on every sample (of this process's shard) and write out_dir's results and
+    report. `command` (the command line, as evaluate.py passes it) is kept in out_dir/command.txt, so
+    a table built from the results can say what made them."""
+    locks: list[RunLock] = []
+    try:
+        return _evaluate(cfg, method_cfgs, command, locks)
+    finally:
+        # however the run ends: the lock file goes, and so does an out_dir this run created and left empty
+        for lock in reversed(locks):
+            lock.release()
+
+
+def lock_results(out_dir: Path, results_path: Path) -> RunLock:
+    """This process's exclusive hold on `results_path` for the whole run (see results.RunLock)."""
+    lock = RunLock(results_path.with_name(results_path.name + ".lock"))
+    try:
+        return lock.acquire()
+    except LockedError as e:
+        by = f" ({e.holder})" if e.holder else ""
+        raise EvaluationError(
+            f"out_dir={out_dir} is in use: another evaluate.py{by} is writing {results_path.name} there; wait for "
+            "it to finish, pass another out_dir, or split the samples with shard=i/n") from None
+    except OSError as e:
+        raise EvaluationError(f"out_dir={out_dir}: cannot create {lock.path} ({e.strerror or e}); pass a writable "
+                              "out_dir") from e
+
+
+def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: str | None,
+              locks: list[RunLock]) -> Path:
     from sparsespec.data import DatasetError, load_samples, score
     from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_model
 
@@ -151,6 +212,14 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         raise EvaluationError(f"out_dir could not be resolved ({type(e).__name__}); pass out_dir=DIR") from e
     if out_dir.exists() and not out_dir.is_dir():
         raise EvaluationError(f"out_dir={out_dir} is a file; pass a directory")
+    try:
+        shard = resolve_shard(cfg.get("shard"))
+    except ValueError as e:
+        raise EvaluationError(str(e)) from None
+    results_path = out_dir / results_name(shard)
+    if shard is not None:
+        log.info("shard %s (%s): samples %d, %d, %d, ... of the list, into %s", shard, shard.source, shard.index,
+                 shard.index + shard.count, shard.index + 2 * shard.count, results_path)
     from sparsespec.models.device import resolve_device, resolve_dtype
 
     try:
@@ -160,7 +229,10 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
     except ValueError as e:
         raise EvaluationError(str(e)) from e
     fingerprint = run_fingerprint(cfg, ctx, device, dtype)
-    check_resume(out_dir, fingerprint, methods)
+    # Taken before the model loads, so a second process on this file stops at once; the shard is
+    # kept out of the fingerprint, so every shard of one run passes check_resume.
+    locks.append(lock_results(out_dir, results_path))
+    check_resume(out_dir, fingerprint, methods, results_path)
     torch.set_num_threads(int(cfg.runtime.threads or len(os.sched_getaffinity(0)) or 1))
     max_new = int(cfg.gen.max_new_tokens)
 
@@ -190,6 +262,11 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         raise EvaluationError(f"dataset.path={d.path}: cannot be read ({e}); pass a readable file or directory") from e
     if not samples:
         raise EvaluationError(f"dataset={d.name} gave no sample at ctx={ctx}; check dataset.path / dataset.task")
+    if shard is not None:  # after `limit`, so the shards together are exactly the unsharded run
+        total, samples = len(samples), shard.select(samples)
+        if not samples:  # more shards than samples (a large job array): nothing to do is not an error
+            log.warning("shard %s has no sample (the run has %d): nothing to do", shard, total)
+            return out_dir
     drafter_model = None
     if any(m.needs_drafter_model for m in methods):
         drafter_model = _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer,
@@ -203,13 +280,14 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
 
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "config.yaml", _config_yaml(cfg, out_dir))
-    write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
-    if command:
-        known = (out_dir / COMMAND_FILE).read_text(encoding="utf-8").splitlines() if (out_dir / COMMAND_FILE).exists() else []
-        if command not in known:
-            write_atomic(out_dir / COMMAND_FILE, "".join(line + "\n" for line in [*known, command]))
-    results = ResultsFile(out_dir / "results.jsonl")
+    with RunLock(out_dir / SHARED_LOCK):  # shards share these files: command.txt is read, then rewritten
+        write_atomic(out_dir / "config.yaml", _config_yaml(cfg, out_dir))
+        write_atomic(out_dir / RUN_FILE, json.dumps(fingerprint, indent=2))
+        if command:
+            known = (out_dir / COMMAND_FILE).read_text(encoding="utf-8").splitlines() if (out_dir / COMMAND_FILE).exists() else []
+            if command not in known:
+                write_atomic(out_dir / COMMAND_FILE, "".join(line + "\n" for line in [*known, command]))
+    results = ResultsFile(results_path)
     stop_ids = set(_eos_ids(tokenizer))
     eos = tuple(stop_ids) if cfg.gen.stop_at_eos else ()
     chunk = int(cfg.runtime.prefill_chunk)
@@ -251,12 +329,25 @@ def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None,
         if row.get("exact_match_ar") is False:
             log.error("%s on %s is NOT identical to ar: a correctness bug", method.name, sample.sample_id)
     bar.close()
-    reports = write_reports(results.rows, out_dir)
+    rows, files, reports = _write_summary(out_dir, results)
     print(to_markdown(reports["summary"]))
-    for sentence in headline(results.rows):
+    for sentence in headline(rows):
         print(sentence + "\n")
-    print(f"results: {out_dir / 'results.jsonl'}")
+    print(f"results: {results.path}")
+    if shard is not None or len(files) > 1:
+        print(f"summary: {out_dir / 'summary.md'}, over the {len(rows)} rows of {len(files)} results file(s) in "
+              f"{out_dir} so far; `python scripts/report.py {out_dir} --out DIR` rebuilds it once every shard is done")
     return out_dir
+
+
+def _write_summary(out_dir: Path, results: ResultsFile) -> tuple[list[dict], list[Path], dict]:
+    """summary.json/.md and the plots over every results file of out_dir, not this process's alone:
+    shards that finish one after another each rewrite the same summary.json, and under the lock the
+    last one reads every row of the others (which were appended before they took it)."""
+    with RunLock(out_dir / SHARED_LOCK):
+        files = results_files(out_dir)
+        rows = load_results([out_dir]) if len(files) > 1 else results.rows
+        return rows, files, write_reports(rows, out_dir)
 
 
 def answer_text(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, str | None]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from sparsespec.checks import DTYPES, choice, number, positive, require
+from sparsespec.checks import DTYPES, ConfigError, choice, number, positive, require
+from sparsespec.eval.results import SHARD_FORM, parse_shard
 from sparsespec.models.device import check_device_form
 
 ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
@@ -95,6 +96,7 @@ class EvaluateConfig:
     dataset: DatasetConfig = MISSING
     ctx: Any = MISSING
     limit: int | None = MISSING
+    shard: Any = MISSING  # "i/n" or null; read as text here, so `shard=1` is told the form rather than a type
     baseline: str | None = MISSING
     out_dir: str = MISSING
     gen: GenConfig = MISSING
@@ -106,3 +108,8 @@ class EvaluateConfig:
         if self.limit is not None:
             positive("limit", self.limit, int)
         choice("baseline", self.baseline, ("ar", None))
+        if self.shard is not None:
+            try:
+                parse_shard(self.shard)
+            except ValueError as e:
+                raise ConfigError(f"shard={self.shard!r} {e}: expected {SHARD_FORM}") from None

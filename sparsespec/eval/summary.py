@@ -1,4 +1,5 @@
-"""Summaries of results.jsonl: per method x dataset x ctx, mean ± std, as JSON, Markdown and plots.
+"""Summaries of results files (results.jsonl, and each shard's own file): per method x dataset x ctx,
+mean ± std, as JSON, Markdown and plots.
 
 A group is (dataset, task, ctx, method, variant). The variant names the method settings that differ
 between rows of the same method name, which only happens when a report joins runs of one method at
@@ -22,7 +23,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from sparsespec.eval.results import read_rows, write_atomic
+from sparsespec.eval.results import read_rows, results_files, split_of, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -259,18 +260,14 @@ def _row_key(r: dict) -> str:
 
 
 def load_results(paths: list[str | Path]) -> list[dict]:
-    """Rows of one or more results.jsonl files (a directory means its results.jsonl).
+    """Rows of one or more results files; a directory means every results file in it (results.jsonl
+    and the results.shard-<i>-of-<n>.jsonl of a sharded run, see results.results_files).
 
     A row found in two files (same sample, method, settings) counts once: the later file wins,
     so passing a run twice, or a run and its copy, does not inflate n.
     """
     rows: dict[str, dict] = {}
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            p = p / "results.jsonl"
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: no such results file (pass RUN/results.jsonl or the run directory)")
+    for p in _expand(paths):
         got = read_rows(p)
         bad = [r for r in got if not isinstance(r, dict) or "method" not in r or "sample_id" not in r or "ctx" not in r]
         if bad:
@@ -283,6 +280,39 @@ def load_results(paths: list[str | Path]) -> list[dict]:
         if dup:
             log.warning("%s: %d row(s) repeat rows of an earlier file; the later ones are kept", p, dup)
     return list(rows.values())
+
+
+def _expand(paths: list[str | Path]) -> list[Path]:
+    """The results files that `paths` name (a run directory stands for all of its own)."""
+    out = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            files = results_files(p)
+            if not files:
+                raise FileNotFoundError(f"{p}: no results file (results.jsonl or results.shard-<i>-of-<n>.jsonl); "
+                                        "pass RUN/results.jsonl or the run directory")
+            _warn_missing_shards(p, files)
+            out += files
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such results file (pass RUN/results.jsonl or the run directory)")
+    return out
+
+
+def _warn_missing_shards(run_dir: Path, files: list[Path]) -> None:
+    """A split with a shard's file missing: that shard is still running, failed, or had no sample."""
+    by_count: dict[int, set[int]] = defaultdict(set)
+    for f in files:
+        i, n = split_of(f)
+        by_count[n].add(i)
+    for n, have in sorted(by_count.items()):
+        missing = sorted(set(range(n)) - have)
+        if n > 1 and missing:
+            log.warning("%s: no results file for shard(s) %s of %d (still running, failed, or given no sample); "
+                        "the report covers shard(s) %s",
+                        run_dir, ", ".join(map(str, missing)), n, ", ".join(map(str, sorted(have))))
 
 
 def build_report(paths: list[str | Path], out_dir: str | Path) -> dict:
