@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from sparsespec.checks import ConfigError, non_negative, number, positive, require
+from sparsespec.training.distributed import World, world
 from sparsespec.training.teacher import Teacher, TeacherCache, TeacherCacheError, cache_key
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,10 @@ class ResumableLoader:
 class DraftDataModule(L.LightningDataModule):
     """Sequences (train: train docs; val: held-out docs) with cached full-cache teacher targets.
 
-    `teacher` is a factory for the Teacher (only called when a cache shard is missing);
-    `fingerprint` identifies the target model in the cache key.
+    `teacher` is a factory for the Teacher (only called when a cache shard is missing; if it has a
+    `release()` method, as TargetTeacher does, it is called once the targets are loaded);
+    `fingerprint` identifies the target model in the cache key. With several processes the
+    teacher pass is sharded across ranks in setup(); `computed_shards` counts this process's.
     """
 
     def __init__(self, tokenizer: Any = None, teacher: Callable[[], Teacher] | None = None,
@@ -203,26 +206,88 @@ class DraftDataModule(L.LightningDataModule):
             self._teacher = self.teacher()
         return self._teacher
 
+    def _meta(self, name: str) -> dict[str, Any]:
+        return {"split": name, "data_path": self.path, "fingerprint": self.fingerprint,
+                "teacher_dtype": self.teacher_dtype, "topk": self.topk, "on_policy_tokens": self.on_policy_tokens}
+
+    def teacher_cached(self) -> bool:
+        """Every split's teacher targets are on disk and verified: the target is not needed for them."""
+        return all(self.caches[name].complete() for name in self._sequences())
+
+    def release_teacher(self) -> None:
+        """Drop the teacher and, if the factory holds the target (TargetTeacher), the target too."""
+        self._teacher = None
+        release = getattr(self.teacher, "release", None)
+        if callable(release):
+            release()
+
     def prepare_data(self) -> None:
-        """Rank 0 only (Lightning): run the teacher for every missing shard."""
+        """One process: run the teacher for every missing shard. Several: nothing; setup() does it.
+
+        Why not here with several processes: Lightning calls prepare_data on local rank 0 alone
+        while the other ranks wait in a collective barrier, so one GPU per node would do all the
+        work and a long pass would run into the process group's timeout. setup() runs on every rank
+        once the process group exists, so each rank computes its share of the shards there."""
+        if world(self.trainer).size > 1:
+            return
         for name, ids in self._sequences().items():
-            meta = {"split": name, "data_path": self.path, "fingerprint": self.fingerprint,
-                    "teacher_dtype": self.teacher_dtype, "topk": self.topk,
-                    "on_policy_tokens": self.on_policy_tokens}
-            self.computed_shards += self.caches[name].build(ids, self._get_teacher, meta)
+            self.computed_shards += self.caches[name].build(ids, self._get_teacher, self._meta(name))
+
+    def _sharded_teacher_pass(self, w: World) -> None:
+        """The missing shards, divided among the ranks; then one process per node checks its view of
+        the cache is complete (filling any hole) and writes meta.json; then everyone may read."""
+        # rank 0 lists what is missing, once, for every rank: the ranks then agree on the division
+        # even if another job writes into the same cache meanwhile (a shard it finishes first is
+        # skipped by compute(), so the overlap costs nothing but time)
+        todo = w.broadcast([(name, i) for name in self._sequences() for i in self.caches[name].missing()]
+                           if w.rank == 0 else None)
+        mine = todo[w.rank :: w.size]  # a fresh cache: rank r takes shards r, r + W, r + 2W, ... (train, then val)
+        if todo:
+            log.info("teacher pass on %d ranks: %d shard(s) missing, %d on rank %d", w.size, len(todo), len(mine),
+                     w.rank)
+        for name, ids in self._sequences().items():
+            shards = [i for n, i in mine if n == name]
+            if shards:
+                self.computed_shards += self.caches[name].compute(ids, self._get_teacher, shards)
+        w.barrier("teacher_shards")
+        if w.local_rank == 0:
+            # global rank 0 on one node; on several nodes, one process per node, so a cache_dir that
+            # is not shared between nodes still ends up complete on each (build() computes what this
+            # node cannot see, writes meta.json once all shards verify). On a shared directory this
+            # finds nothing to do, and a repeated meta.json write is atomic.
+            for name, ids in self._sequences().items():
+                cache = self.caches[name]
+                if cache.complete():
+                    continue
+                holes = cache.missing()
+                if holes:
+                    log.warning("teacher cache %s: %d shard(s) other ranks wrote are not visible here (cache_dir "
+                                "not shared between nodes?); computing them on this node", cache.dir, len(holes))
+                    self.computed_shards += cache.compute(ids, self._get_teacher, holes)
+                cache.write_meta(ids, self._meta(name))
+        w.barrier("teacher_cache_complete")
 
     def setup(self, stage: str | None = None) -> None:
+        """Every rank: (several processes) the sharded teacher pass, then read the cache; the teacher
+        and the target it holds are released once every split is loaded."""
+        if all(name in self.datasets for name in self._sequences()):
+            return
+        w = world(self.trainer)
+        if w.size > 1:
+            self._sharded_teacher_pass(w)
         for name, ids in self._sequences().items():
             if name not in self.datasets:
                 cache = self.caches[name]
                 try:
                     targets = cache.load(seq_len=self.seq_len)
-                except TeacherCacheError as e:  # damaged since prepare_data: recompute, never read it
+                except TeacherCacheError as e:  # damaged since it was checked: recompute, never read it
                     log.warning("%s; rebuilding", e)
-                    self.computed_shards += cache.build(ids, self._get_teacher, {"split": name})
+                    cache.forget()
+                    self.computed_shards += cache.build(ids, self._get_teacher, self._meta(name))
                     targets = cache.load(seq_len=self.seq_len)
                 # on-policy: the cached sequences (prompt + the target's continuation) are the inputs
                 self.datasets[name] = TeacherDataset(targets.pop("ids", ids), targets)
+        self.release_teacher()  # the targets are in memory now; the target model is no longer needed
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = getattr(self, "trainer", None)

@@ -129,3 +129,19 @@ def measure_gamma(target: PreTrainedModel, drafter: PreTrainedModel, ctx: int = 
         return (time.perf_counter() - t0) / steps
 
     return step(drafter.eval()) / step(target.eval())
+
+
+def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The drafter's decoder-layer classes, for FSDP's auto-wrap policy (one FSDP unit per layer, so
+    only one layer's full weights exist at a time). Taken from the model itself, so any family
+    works: the classes Hugging Face marks as not to be split (`_no_split_modules`), else the classes
+    of `model.model.layers`."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not found:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        found = {type(m) for m in layers} if layers is not None else set()
+    if not found:
+        raise ValueError(f"trainer=fsdp: no decoder layers found in the drafter ({type(model).__name__}: no "
+                         "_no_split_modules and no model.layers); set trainer.strategy.auto_wrap_policy")
+    return found

@@ -12,15 +12,25 @@ Each shard also has a `shard_NNNNN.sha256` sidecar, written after the shard is i
 is only used when its bytes match it (and its tensors have the expected shape): a shard truncated
 or damaged after the fact (a full disk, a partial copy, a shard renamed in without its checksum)
 is detected, logged and recomputed by the next build, never read.
+
+Several processes may fill one cache (the ranks of a job, each computing its share of the missing
+shards, see training.data; or separate jobs on a shared cache_dir): see TeacherCache for why that
+is safe. `TargetTeacher` is the factory train() uses: it holds the target only until released.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
+import io
 import json
 import logging
 import os
+import socket
+import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,6 +123,48 @@ class Teacher:
         return out
 
 
+class TargetTeacher:
+    """The Teacher factory train() hands the data module: it holds the loaded target until
+    `release()`, so the target is kept only while a teacher shard may still need it.
+
+    `device`: where the teacher pass runs (set by train() to this rank's device once the Trainer
+    exists); None keeps the target where it was loaded. `load` reloads the target should a shard be
+    needed after the release (a shard damaged between the completeness check and the read)."""
+
+    def __init__(self, target: torch.nn.Module | None, dtype: str = "bfloat16", topk: int = 8, batch_size: int = 1,
+                 on_policy_tokens: int = 0, load: Callable[[], torch.nn.Module] | None = None):
+        self.target, self.load = target, load
+        self.dtype, self.topk, self.batch_size, self.on_policy_tokens = dtype, topk, batch_size, on_policy_tokens
+        self.device: torch.device | None = None
+        self.made = 0  # Teachers built (tests: a complete cache builds none)
+
+    def __call__(self) -> Teacher:
+        if self.target is None:
+            if self.load is None:
+                raise RuntimeError("the teacher needs the target, which was released after the teacher cache was "
+                                   "found complete; rerun to recompute the missing shard")
+            log.info("teacher cache changed since it was found complete: reloading the target")
+            self.target = self.load()
+        if self.device is not None and next(self.target.parameters()).device != self.device:
+            self.target = self.target.to(self.device)  # this rank's GPU, not the one every rank loaded onto
+        self.made += 1
+        return Teacher(self.target, self.dtype, self.topk, self.batch_size, self.on_policy_tokens)
+
+    def release(self) -> None:
+        """Drop the target (the caller drops its Teachers); memory returns once nothing else holds it."""
+        self.target = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if sys.platform.startswith("linux"):
+            # glibc keeps freed heap memory for reuse; after the teacher pass that is the bf16 copy of
+            # the target (measured: 200 MiB of SmolLM2 stayed resident during training without this)
+            try:
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            except (OSError, AttributeError):  # not glibc: the memory is reused by this process instead
+                pass
+
+
 class TeacherCacheError(RuntimeError):
     """A cached shard that fails its checksum or shape check."""
 
@@ -125,27 +177,60 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _tmp_path(path: Path) -> Path:
+    # unique per writer: two jobs on two hosts sharing cache_dir can have the same pid, and a shared
+    # temporary name would let one truncate the file the other is writing
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = _tmp_path(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)  # atomic on POSIX (a shared filesystem included): readers see old or new, never half
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _atomic_write_bytes(path, text.encode())
 
 
-def _atomic_save(obj, path: Path) -> str:
-    """torch.save to a temporary name, rename into place; returns the file's sha256."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    digest = _sha256(tmp)
-    os.replace(tmp, path)
-    return digest
+def shard_bytes(obj: dict[str, torch.Tensor]) -> bytes:
+    """torch.save into memory. A file's bytes would depend on its name (torch.save names the zip's
+    records after the file), so two writers of the same tensors under different temporary names
+    would disagree with each other's checksum; these bytes depend on the tensors alone."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _atomic_save(obj: dict[str, torch.Tensor], path: Path) -> str:
+    """Write `obj` to a temporary name, rename into place; returns the file's sha256."""
+    data = shard_bytes(obj)
+    _atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 class TeacherCache:
-    """Sharded on-disk teacher targets for a fixed [N, L] tensor of token ids."""
+    """Sharded on-disk teacher targets for a fixed [N, L] tensor of token ids.
+
+    Safe to share between processes (ranks of one job, or separate jobs on a shared `cache_dir`):
+    every file is written under a writer-unique temporary name and renamed into place, and a shard's
+    bytes are a function of its tensors, so two processes computing the same shard write identical
+    files and checksums and the later rename changes nothing. A process that finds a shard written
+    meanwhile skips it. Nothing is ever deleted (a damaged shard is overwritten by its recomputation),
+    so no process removes a shard another has just written. The worst a race can do (two writers
+    whose tensors differ, e.g. two GPU types) is a checksum mismatch, which is detected and
+    recomputed like any damaged shard: a torn or mismatched shard is never read.
+    """
 
     def __init__(self, root: str | Path, key: str, n: int, shard_size: int = 16):
         self.dir = Path(root) / key
         self.n, self.shard_size = n, max(1, int(shard_size))
+        # shards this process verified or wrote: (inode, size, mtime) -> digest. Only the checks
+        # that decide what to compute use it; load() hashes the very bytes it reads
+        self._verified: dict[int, tuple[tuple[int, int, int], str]] = {}
 
     @property
     def n_shards(self) -> int:
@@ -160,26 +245,30 @@ class TeacherCache:
     def rows(self, i: int) -> int:
         return min(self.shard_size, self.n - i * self.shard_size)
 
+    def forget(self) -> None:
+        """Drop the memo of verified shards (the next checks hash every shard again)."""
+        self._verified.clear()
+
     def verify(self, i: int) -> str | None:
         """None if shard i is present and matches its checksum, else what is wrong with it."""
         path, sums = self.shard_path(i), self.checksum_path(i)
-        if not path.is_file():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
             return "missing"
         if not sums.is_file():
             return "no checksum (written by an interrupted run or an older version)"
-        if _sha256(path) != sums.read_text().strip():
+        want = sums.read_text().strip()
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._verified.get(i) == (stamp, want):
+            return None
+        if _sha256(path) != want:
             return "checksum mismatch (truncated or damaged)"
+        self._verified[i] = (stamp, want)
         return None
 
-    def complete(self) -> bool:
-        return (self.dir / "meta.json").is_file() and all(self.verify(i) is None for i in range(self.n_shards))
-
-    def build(self, sequences: torch.Tensor, teacher: Callable[[], Teacher], meta: dict | None = None) -> int:
-        """Compute the missing shards; `teacher` is a factory so a complete cache never even builds
-        (or casts) the teacher. Returns the number of shards computed."""
-        if self.complete():
-            return 0
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def missing(self) -> list[int]:
+        """The shards to (re)compute: missing, without a checksum, or damaged (logged)."""
         todo = []
         for i in range(self.n_shards):
             problem = self.verify(i)
@@ -187,13 +276,24 @@ class TeacherCache:
                 continue
             if problem != "missing":
                 log.warning("teacher shard %s: %s; recomputing it", self.shard_path(i), problem)
-                self.shard_path(i).unlink(missing_ok=True)
-                self.checksum_path(i).unlink(missing_ok=True)
             todo.append(i)
-        log.info("teacher targets: %d/%d shards to compute in %s", len(todo), self.n_shards, self.dir)
-        t = teacher()
-        t0 = time.perf_counter()
-        for i in todo:
+        return todo
+
+    def complete(self) -> bool:
+        return (self.dir / "meta.json").is_file() and all(self.verify(i) is None for i in range(self.n_shards))
+
+    def compute(self, sequences: torch.Tensor, teacher: Callable[[], Teacher], shards: list[int]) -> int:
+        """Compute and write `shards` (each with its checksum); returns how many this call computed.
+        A shard that became valid since the caller listed it (another rank or job wrote it) is
+        skipped; `teacher` is only called if one is left to compute."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        t, done, t0 = None, 0, time.perf_counter()
+        for i in shards:
+            if self.verify(i) is None:
+                log.info("teacher shard %s: written by another process meanwhile; skipping it", self.shard_path(i))
+                continue
+            if t is None:
+                t = teacher()
             rows = sequences[i * self.shard_size : (i + 1) * self.shard_size]
             parts: list[dict[str, torch.Tensor]] = []
             for j in range(0, rows.shape[0], t.batch_size):
@@ -201,26 +301,53 @@ class TeacherCache:
             shard = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             digest = _atomic_save(shard, self.shard_path(i))
             _atomic_write_text(self.checksum_path(i), digest + "\n")
+            st = self.shard_path(i).stat()  # another writer's rename since changes the inode: no false memo
+            self._verified[i] = ((st.st_ino, st.st_size, st.st_mtime_ns), digest)
+            done += 1
             log.info("teacher shard %d/%d done (%.0f s)", i + 1, self.n_shards, time.perf_counter() - t0)
+        return done
+
+    def write_meta(self, sequences: torch.Tensor, meta: dict | None = None, seconds: float = 0.0) -> None:
         info = {"n": self.n, "shard_size": self.shard_size, "seq_len": int(sequences.shape[1]),
-                "seconds": round(time.perf_counter() - t0, 1), **(meta or {})}
+                "seconds": round(seconds, 1), **(meta or {})}
+        self.dir.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(self.dir / "meta.json", json.dumps(info, indent=1))
-        return len(todo)
+
+    def build(self, sequences: torch.Tensor, teacher: Callable[[], Teacher], meta: dict | None = None) -> int:
+        """Compute the missing shards, then write meta.json; `teacher` is a factory so a complete cache
+        never even builds (or casts) the teacher. Returns the number of shards computed."""
+        if self.complete():
+            return 0
+        todo = self.missing()
+        log.info("teacher targets: %d/%d shards to compute in %s", len(todo), self.n_shards, self.dir)
+        t0 = time.perf_counter()
+        done = self.compute(sequences, teacher, todo)
+        self.write_meta(sequences, meta, time.perf_counter() - t0)
+        return done
 
     def load(self, seq_len: int | None = None) -> dict[str, torch.Tensor]:
-        """All shards, each verified against its checksum and shape; TeacherCacheError otherwise."""
+        """All shards, each verified against its checksum and shape; TeacherCacheError otherwise.
+        The checksum is taken of the bytes that are then parsed (read once), so a shard replaced or
+        damaged between a check and the read can never be used."""
         shards = []
         for i in range(self.n_shards):
-            problem = self.verify(i)
-            if problem is not None:
-                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: {problem}")
+            path, sums = self.shard_path(i), self.checksum_path(i)
             try:
-                shard = torch.load(self.shard_path(i), weights_only=True)
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise TeacherCacheError(f"teacher cache shard {path}: missing") from None
+            if not sums.is_file():
+                raise TeacherCacheError(f"teacher cache shard {path}: no checksum (written by an interrupted run "
+                                        "or an older version)")
+            if hashlib.sha256(data).hexdigest() != sums.read_text().strip():
+                raise TeacherCacheError(f"teacher cache shard {path}: checksum mismatch (truncated or damaged)")
+            try:
+                shard = torch.load(io.BytesIO(data), weights_only=True)
             except Exception as e:  # a damaged zip that still matches a (damaged) checksum file
-                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: unreadable ({e})") from e
+                raise TeacherCacheError(f"teacher cache shard {path}: unreadable ({e})") from e
             t = shard.get("targets") if isinstance(shard, dict) else None
             if t is None or t.shape[0] != self.rows(i) or (seq_len is not None and t.shape[1] != seq_len):
-                raise TeacherCacheError(f"teacher cache shard {self.shard_path(i)}: unexpected contents "
+                raise TeacherCacheError(f"teacher cache shard {path}: unexpected contents "
                                         f"(want {self.rows(i)} rows of {seq_len} targets)")
             shards.append(shard)
         return {k: torch.cat([s[k] for s in shards]) for k in shards[0]}
