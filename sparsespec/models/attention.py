@@ -8,35 +8,76 @@ reuses from verification at no extra forward. The fused kernel never materialise
 but it returns each query's log-sum-exp; `kv.capture.attention_mass` turns that back into exact probabilities
 for just the queries that were accepted, one matmul over the keys (docs/performance.md).
 
-The fast path (CPU, default causal-block visibility) splits the keys in two, as LongSpec does:
-- the prefix [0, T - n), visible to every new query: one fused flash-attention call in which the
-  G query heads of a KV group are folded into its query rows, so every key is read once per KV
-  head and no mask over the whole context is built;
-- the block [T - n, T) of the new tokens, causal among themselves: small, computed directly.
-The two partial results are merged by their log-sum-exp. Measured in isolation per layer, the
-decode step is 1.25x (fp32) to 8x (bf16, 32k keys) faster than the explicit-probabilities path it
-replaced, which remains as the reference (docs/performance.md). Other devices and explicit masks (sparse
-views computed by a drafter, training parity) take the reference path.
+The fast path (default causal-block visibility, on the CPU and on CUDA) splits the keys in two,
+as LongSpec does:
+- the prefix [0, T - n), visible to every new query: one fused attention call that returns the
+  LSE, in which the G query heads of a KV group are folded into its query rows, so every key is
+  read once per KV head and no mask or score tensor over the whole context is built;
+- the block [T - n, T) of the new tokens, causal among themselves: small, computed directly (or
+  by a fused causal call for a prefill chunk).
+The two partial results are merged by their log-sum-exp. The fused kernel is chosen by device
+(`fused_kernel`): PyTorch's CPU flash kernel; on CUDA its FlashAttention-2 kernel (fp16/bf16) or
+its memory-efficient kernel (fp32). With flash-attn installed (the `gpu` extra) a CUDA call in
+fp16/bf16 is one `flash_attn_func` call instead (GQA and the bottom-right causal block natively).
+Explicit masks (the sparse views of small drafters, training parity) take the reference path,
+which also serves as the oracle in tests.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from sparsespec.kv.capture import causal_block_mask
 
-# Up to this many queries the reference path materialises the scores (decode, drafting,
-# verification); above it (prefill chunks) SDPA's fused kernel keeps memory at O(n) not O(n * T).
+# Up to this many queries the causal block of new tokens is computed directly (decode, drafting,
+# verification: a few rows over n keys); above it (prefill chunks) by a fused causal call.
 SMALL_QUERY_BLOCK = 64
-# Key ranges a decode step's prefix is cut into (see _attend_split).
+# Key ranges a CPU decode step's prefix is cut into (see _attend_split).
 PREFIX_SPLITS = 4
 # ...from this many keys on (below it the split's extra ops cost more than the idle thread).
 SPLIT_FROM = 4096
 
+# A fused kernel over [B, H, S, D] tensors with the same head count for q and k, visibility
+# "all" (causal=False) or square causal: (q, k, v, scale, causal) -> (out [B, H, S, D], lse [B, H, S] fp32).
+Fused = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]]
+
 # The fused CPU kernel that also returns the log-sum-exp of each query row (private aten op, present
-# since torch 2.2); without it every call takes the reference path.
+# since torch 2.2); without it every CPU call takes the reference path.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # the `gpu` extra
+
+
+def _fused_cpu(q, k, v, scale, causal):
+    out, lse = _FLASH_CPU(q, k, v, is_causal=causal, scale=scale)
+    return out, lse
+
+
+def _fused_cuda_flash(q, k, v, scale, causal):
+    # PyTorch's own FlashAttention-2 (fp16/bf16): returns the LSE as its second output
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    return out, lse
+
+
+def _fused_cuda_efficient(q, k, v, scale, causal):
+    # the memory-efficient kernel (any dtype, fp32 included); its LSE rows are padded to a block
+    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
+                                                                      scale=scale)[:2]
+    return out, lse[..., : q.shape[-2]]
+
+
+def fused_kernel(q: torch.Tensor) -> Fused | None:
+    """The fused kernel with LSE for q's device and dtype, or None (then the reference path runs)."""
+    if q.device.type == "cpu":
+        return _fused_cpu if _FLASH_CPU is not None else None
+    if q.device.type == "cuda":
+        if q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256:
+            return _fused_cuda_flash
+        return _fused_cuda_efficient
+    return None
 
 
 def attend(
@@ -56,26 +97,44 @@ def attend(
     that turn out to matter, without the fused kernel ever materialising them.
     """
     c = min(lse_rows, q.shape[1])
-    if mask is None and _FLASH_CPU is not None and q.device.type == "cpu":
-        out, lse = _attend_split(q, k, v, scale)
-        return out, (lse[:, q.shape[1] - c :] if c else None)
+    if mask is None:
+        if q.device.type == "cuda" and _HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
+            out, lse = _attend_flash_attn(q, k, v, scale)
+            return out, (lse[:, q.shape[1] - c :] if c else None)
+        kernel = fused_kernel(q)
+        if kernel is not None:
+            out, lse = _attend_split(q, k, v, scale, kernel, split_keys=q.device.type == "cpu")
+            return out, (lse[:, q.shape[1] - c :] if c else None)
     return _attend_reference(q, k, v, scale, mask, c)
 
 
-def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal-block attention as prefix (flash, GQA folded into rows) + block, merged by LSE.
-    Returns (out [Hq, n, D], lse [Hq, n] float32)."""
+def _attend_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn (the `gpu` extra) in one call: GQA natively, the causal block aligned to the end of
+    the keys (flash-attn >= 2.1), the LSE returned. Its layout is [B, S, H, D]: views, no copies."""
+    from flash_attn import flash_attn_func
+
+    out, lse, _ = flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                  softmax_scale=scale, causal=True, return_attn_probs=True)
+    return out[0].transpose(0, 1), lse[0].float()
+
+
+def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  kernel: Fused, split_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal-block attention as prefix (fused, GQA folded into rows) + block, merged by LSE.
+    split_keys: cut a long prefix into key ranges for the CPU's threads (a GPU kernel splits the
+    keys itself). Returns (out [Hq, n, D], lse [Hq, n] float32)."""
     hq, n, d = q.shape
     hkv, total, _ = k.shape
     group = hq // hkv
+    # A CPU decode/verify step has only Hkv * 1 work items for the kernel's threads (3 for SmolLM2
+    # on 2 cores: one idles a third of the time); cutting the prefix into key ranges balances them.
+    split = split_keys and n <= SMALL_QUERY_BLOCK
     if n == 1:  # a decode / draft step sees every key: one call, nothing to merge
-        splits = PREFIX_SPLITS if total >= SPLIT_FROM else 1
+        splits = PREFIX_SPLITS if split and total >= SPLIT_FROM else 1
         if total % splits == 0:
-            return _flash_prefix(q, k, v, scale, splits, n)
+            return _fused_prefix(q, k, v, scale, splits, n, kernel)
     prefix = total - n
-    # A decode/verify step has only Hkv * 1 work items for the kernel's threads (3 for SmolLM2 on 2
-    # cores: one idles a third of the time); cutting the prefix into key ranges balances them.
-    splits = PREFIX_SPLITS if n <= SMALL_QUERY_BLOCK and prefix >= SPLIT_FROM else 1
+    splits = PREFIX_SPLITS if split and prefix >= SPLIT_FROM else 1
     prefix -= prefix % splits  # the remainder joins the directly computed block
     kb, vb = k[:, prefix:], v[:, prefix:]
     m = total - prefix  # block keys: the remainder (visible to all) and the n new tokens (causal)
@@ -85,13 +144,13 @@ def _attend_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         lse_b = torch.logsumexp(s, -1)
         out_b = ((s - lse_b[..., None]).exp().to(v.dtype).view(hkv, group * n, m) @ vb)
         lse_b = lse_b.view(hkv, group * n)
-    else:  # a prefill chunk (m == n): its own causal flash call
-        out_b, lse_b = _FLASH_CPU(q[None], kb.repeat_interleave(group, 0)[None],
-                                  vb.repeat_interleave(group, 0)[None], is_causal=True, scale=scale)
+    else:  # a prefill chunk (m == n: no split): its own causal fused call over its n keys
+        out_b, lse_b = kernel(q[None], kb.repeat_interleave(group, 0)[None], vb.repeat_interleave(group, 0)[None],
+                              scale, True)
         out_b, lse_b = out_b[0].reshape(hkv, group * n, d), lse_b[0].reshape(hkv, group * n)
     if prefix == 0:
         return out_b.reshape(hq, n, d), lse_b.float().reshape(hq, n)
-    out_p, lse_p = _flash_prefix(q, k[:, :prefix], v[:, :prefix], scale, splits, n, merge=False)
+    out_p, lse_p = _fused_prefix(q, k[:, :prefix], v[:, :prefix], scale, splits, n, kernel, merge=False)
     # merge every partial result by its log-sum-exp, vectorised: [Hkv, parts, G*n, (D)]
     out, lse = _merge(torch.cat([out_p, out_b[:, None]], 1), torch.cat([lse_p, lse_b[:, None]], 1))
     return out.to(q.dtype).reshape(hq, n, d), lse.reshape(hq, n)
@@ -107,8 +166,8 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.
     return (outs.float() * w[..., None]).sum(1) / total[..., None], top[:, 0] + total.log()
 
 
-def _flash_prefix(q, k, v, scale, splits, n, merge=True):
-    """Flash attention of all n queries over all of k (len divisible by splits), GQA folded into rows.
+def _fused_prefix(q, k, v, scale, splits, n, kernel, merge=True):
+    """Fused attention of all n queries over all of k (len divisible by splits), GQA folded into rows.
     merge=True: the output [Hq, n, D] and LSE [Hq, n]; else per-split outputs and LSEs [Hkv, S, G*n, (D)]."""
     hq, _, d = q.shape
     hkv, total, _ = k.shape
@@ -116,7 +175,7 @@ def _flash_prefix(q, k, v, scale, splits, n, merge=True):
     qp = q.reshape(hkv, 1, rows, d).expand(hkv, splits, rows, d)
     kp = k.reshape(hkv, splits, total // splits, d)
     vp = v.reshape(hkv, splits, total // splits, d)
-    out, lse = _FLASH_CPU(qp, kp, vp, scale=scale)  # [Hkv, S, G*n, D], [Hkv, S, G*n]
+    out, lse = kernel(qp, kp, vp, scale, False)  # [Hkv, S, G*n, D], [Hkv, S, G*n]
     if not merge:
         return out, lse
     if splits > 1:
