@@ -15,7 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench  # noqa: E402
 
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
-from sparsespec.eval.tables import bench_markdown  # noqa: E402
+from sparsespec.reports import bench_run  # noqa: E402
+from sparsespec.reports.bench import markdown as bench_markdown  # noqa: E402
+from sparsespec.reports.sections import write_section  # noqa: E402
 
 
 def _save(d: Path, tok, layers: int, seed: int) -> Path:
@@ -53,7 +55,7 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 1000
     text = md.read_text()
     assert "intro stays" in text and text.count("<!-- bench:decode -->") == 1 and "| 400 | sparsespec_l |" in text
-    bench.write_section(md, "decode", "new body")
+    write_section(md, "decode", "new body")
     text = md.read_text()
     assert "new body" in text and "sparsespec_l" not in text and "intro stays" in text
 
@@ -162,7 +164,7 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
             "--methods", "ar,sparsespec_l", "--model-path", str(target), "--data", str(_books(tmp_path, 2)),
             "--threads", "1", "--json", str(out)]
     partial = out.with_suffix(".partial.jsonl")
-    real_prefill, prefilled = bench.prefill_once, []
+    real_prefill, prefilled = bench_run.prefill_once, []
 
     def stop_on_second(target, sample, n):
         if prefilled:
@@ -170,7 +172,7 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
         prefilled.append(sample.sample_id)
         return real_prefill(target, sample, n)
 
-    monkeypatch.setattr(bench, "prefill_once", stop_on_second)
+    monkeypatch.setattr(bench_run, "prefill_once", stop_on_second)
     try:
         bench.main(argv)
     except KeyboardInterrupt:
@@ -181,7 +183,7 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
         prefilled.append(sample.sample_id)
         return real_prefill(target, sample, n)
 
-    monkeypatch.setattr(bench, "prefill_once", count)
+    monkeypatch.setattr(bench_run, "prefill_once", count)
     with pytest.raises(SystemExit, match="other settings"):
         bench.main([*argv, "--new-tokens", "11", "--resume"])
     resumed = bench.main([*argv, "--resume"])

@@ -1,0 +1,177 @@
+"""How often a drafter's greedy token is the target's, teacher-forced (no decoding loop): on held-out
+book text per KV budget (the paper's Figure 1, with τ@k for the draft length), and on the target's
+own greedy continuation beside prompt lookup. Used by scripts/budgetdraft_results.py.
+
+A drafter reads a window through the inference path: CausalLM.prefill under its view's mask,
+chunked, then one forward over the scored positions under view.mask, as ModelDrafter does.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from sparsespec.config import load_method
+from sparsespec.data import load_samples
+from sparsespec.data.base import Sample
+from sparsespec.decoding.drafters import PromptLookup
+from sparsespec.eval.summary import distinct_by_part
+from sparsespec.kv.policies import FullKV, KVPolicy
+from sparsespec.models.loading import load_model
+from sparsespec.models.runner import CausalLM
+from sparsespec.reports import ReportError, Say, silent
+from sparsespec.reports.cells import mean_and_std
+from sparsespec.training.drafters import truncated
+from sparsespec.training.module import accepted_run
+
+
+@functools.cache
+def view_for(budget: int | None) -> KVPolicy:
+    """The budgetdraft method's own policy (conf/method/budgetdraft.yaml) at another budget."""
+    if budget is None:
+        return FullKV()
+    return load_method("budgetdraft", [f"method.drafter.policy.budget={budget}"]).policy()
+
+
+def parse_groups(specs: list[str]) -> dict[str, list[str]]:
+    """LABEL=PATTERN[,PATTERN...] (or `untrained`) -> {label: [dirs]}, globs expanded and sorted."""
+    groups: dict[str, list[str]] = {}
+    for spec in specs:
+        if spec == "untrained":
+            groups["untrained"] = ["untrained"]
+            continue
+        if "=" not in spec:
+            raise ReportError(f"drafter group {spec!r}: use LABEL=DIR[,DIR...] (globs allowed) or `untrained`")
+        label, patterns = spec.split("=", 1)
+        dirs: list[str] = []
+        for pat in patterns.split(","):
+            hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+            dirs += [h for h in hits if Path(h).is_dir()]
+        if not dirs:
+            raise ReportError(f"drafter group {label!r}: no directory matches {patterns!r}")
+        groups[label] = dirs
+    return groups
+
+
+def load_models(model_path: str | None, n_layers: int, groups: dict[str, list[str]], ctx: int):
+    """The target and every group's drafters (`untrained`: the target's first `n_layers` layers),
+    loaded for `ctx` positions (YaRN past 8k)."""
+    tgt = load_model(model_path, ctx=ctx)
+    models = {label: [truncated(tgt.model, n_layers).eval() if d == "untrained" else load_model(d, ctx=ctx).model
+                      for d in dirs] for label, dirs in groups.items()}
+    return tgt, models
+
+
+def held_out_samples(tokenizer, ctx: int, n_books: int, data: str | None, offset: float = 0.02) -> list[Sample]:
+    """`ctx`-token windows of the books held out from drafter training, as evaluate.py cuts them
+    (dataset=pg19 dataset.split=eval), so no drafter is scored on text it was trained on."""
+    samples = load_samples("pg19", tokenizer, ctx, path=data, limit=n_books, split="eval", offset=offset)
+    if not samples:
+        raise ReportError(f"no held-out book has {ctx} tokens after the {offset:.0%} offset")
+    return samples
+
+
+def book_title(sample: Sample) -> str:
+    """The book's title, as the tables name a prompt."""
+    return sample.sample_id.split("/", 1)[-1]
+
+
+def held_out_windows(tokenizer, ctx: int, n_books: int, data: str | None) -> list[tuple[str, list[int]]]:
+    """(title, ids) of each held-out window (held_out_samples)."""
+    return [(book_title(s), s.prompt_ids) for s in held_out_samples(tokenizer, ctx, n_books, data)]
+
+
+@torch.inference_mode()
+def target_greedy(target, ids: list[int], positions: int) -> torch.Tensor:
+    """The target's greedy token at each of the last `positions` positions (full attention)."""
+    lm = CausalLM(target)
+    cache = lm.new_cache(len(ids))
+    lm.prefill(torch.tensor(ids[:-positions]), cache, chunk=1024)
+    return lm.forward(torch.tensor(ids[-positions:]), cache).argmax(-1)
+
+
+@torch.inference_mode()
+def drafter_greedy(model, ids: list[int], positions: int, view: KVPolicy) -> torch.Tensor:
+    """The drafter's argmax at the last `positions` positions, its KV computed under `view` (the
+    ModelDrafter path: chunked prefill with mask_fn=view.mask, then the scored block)."""
+    lm = CausalLM(model)
+    cache = lm.new_cache(len(ids))
+    lm.prefill(torch.tensor(ids[:-positions]), cache, chunk=1024, mask_fn=view.mask)
+    start = cache.length
+    return lm.forward(torch.tensor(ids[-positions:]), cache, mask=view.mask(start, positions, len(ids))).argmax(-1)
+
+
+def figure1_rows(target, tok, models: dict[str, list], ctx: int, *, books: int, positions: int, budgets: list[int],
+                 ks: list[int], data: str | None = None, say: Say = silent) -> list[dict]:
+    """Teacher-forced acc and tau@k per (group, budget) on the last `positions` positions of each
+    held-out book's window, mean +- std over the group's seeds of the mean over books."""
+    windows = held_out_windows(tok, ctx, books, data)
+    # per (label, budget, seed index): lists over books of acc and of tau@k
+    per: dict[tuple[str, str, int], list[dict]] = {}
+    t0 = time.perf_counter()
+    for title, ids in windows:
+        gold = target_greedy(target, ids, positions)
+        for label, seeds in models.items():
+            for si, model in enumerate(seeds):
+                for b in [None, *budgets]:
+                    agree = drafter_greedy(model, ids, positions, view_for(b)) == gold
+                    per.setdefault((label, str(b or "full"), si), []).append(
+                        {"acc": agree.float().mean().item(), **{f"tau{k}": accepted_run(agree, k).item() for k in ks}})
+        say(f"ctx {ctx}: {title} done ({time.perf_counter() - t0:.0f} s)")
+    rows = []
+    for label in models:
+        for b in ["full", *map(str, budgets)]:
+            seeds = [per[(label, b, si)] for si in range(len(models[label]))]
+            seed_means = {key: [statistics.mean(book[key] for book in books) for books in seeds]
+                          for key in ["acc", *[f"tau{k}" for k in ks]]}
+            row = {"ctx": ctx, "drafter": label, "budget": b, "n_seeds": len(seeds), "n_books": len(windows)}
+            for key, vals in seed_means.items():
+                row[key], row[key + "_std"] = mean_and_std(vals)
+            rows.append(row)
+            say(json.dumps(row))
+    return rows
+
+
+@torch.inference_mode()
+def own_output_rows(target, tok, models: dict[str, list], *, ctx: int, new_tokens: int, books: int, budget: int,
+                    lookup_ngrams: list[int], data: str | None = None, say: Say = silent) -> list[dict]:
+    """Agreement with the target's own greedy continuation: the target decodes `new_tokens` after each
+    held-out prompt of `ctx` tokens, then every drafter (each seed, full cache and `budget`) and prompt
+    lookup of each n-gram size predict each of those tokens; overall and by quarter of the output."""
+    tlm, ar = CausalLM(target), load_method("ar")
+    per: dict[tuple[str, str], list[list[torch.Tensor]]] = {}  # (label, view) -> per seed: per book
+    distinct = []
+    for title, ids in held_out_windows(tok, ctx, books, data):
+        out = ar.build(tlm).generate(ids, new_tokens).output_ids
+        seq, gold = ids + out, torch.tensor(out)
+        distinct.append(distinct_by_part(out, 4))
+        for label, seeds in models.items():
+            for b in (None, budget):
+                per_seed = per.setdefault((label, str(b or "full")), [[] for _ in seeds])
+                for si, model in enumerate(seeds):  # the drafter at position ctx-1+j predicts out[j]
+                    pred = drafter_greedy(model, seq[:-1], new_tokens, view_for(b))
+                    per_seed[si].append((pred == gold).float())
+        for g in lookup_ngrams:
+            d = PromptLookup(g)
+            hit = torch.tensor([float(d.lookup(seq[: ctx + j], 1) == [out[j]]) for j in range(new_tokens)])
+            per.setdefault((f"lookup n={g}", "-"), [[]])[0].append(hit)
+        say(f"own output at ctx {ctx}: {title} done")
+    ar_quarters = [statistics.mean(q) for q in zip(*distinct, strict=True)]
+    rows = []
+    for (label, view), seeds in per.items():
+        by_seed = [torch.stack(per_book).mean(0) for per_book in seeds]  # [n] agreement per output position
+        overall = [float(x.mean()) for x in by_seed]
+        quarters = torch.stack([x.reshape(4, -1).mean(1) for x in by_seed]).mean(0).tolist()
+        acc, acc_std = mean_and_std(overall)
+        row = {"ctx": ctx, "new_tokens": new_tokens, "drafter": label, "view": view, "n_seeds": len(seeds),
+               "n_books": len(seeds[0]), "acc": acc, "acc_std": acc_std, "quarters": quarters,
+               "ar_distinct_quarters": ar_quarters}
+        rows.append(row)
+        say(json.dumps(row))
+    return rows

@@ -1,0 +1,69 @@
+"""Micro-benchmarks behind the choices in docs/performance.md, on synthetic tensors shaped like
+SmolLM2-135M's cache, calling the library's own kernels (KVCache.gather, kv.capture.attention_mass)
+so that what is timed is what decoding runs. Used by scripts/microbench.py."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from sparsespec.kv.cache import KVCache
+from sparsespec.kv.capture import attention_mass
+from sparsespec.reports import Say
+
+LAYERS, HKV, HQ, D = 30, 3, 9, 64  # SmolLM2-135M: layers, KV heads, query heads, head dim
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """The median of `repeats` timed calls after one warm-up, in milliseconds."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def bench_gather(ctx: int, repeats: int, say: Say) -> None:
+    """A 10% sparse view copied into the reused compact cache: torch.gather (the index expanded over
+    head_dim) against index_select of whole rows per head, which KVCache.gather does."""
+    cache = KVCache(LAYERS, HKV, D, capacity=ctx + 64)
+    for layer in range(LAYERS):
+        cache.k[layer].normal_()
+        cache.v[layer].normal_()
+    cache.length = ctx
+    budget = ctx // 10
+    idx = torch.rand(LAYERS, HKV, ctx).topk(budget, dim=-1, sorted=False).indices.sort(-1).values
+    out = cache.gather(idx, extra=9)
+
+    def expanded_gather():
+        for layer in range(LAYERS):
+            i = idx[layer].unsqueeze(-1).expand(-1, -1, D)
+            torch.gather(cache.k[layer], 1, i, out=out.k[layer][:, :budget])
+            torch.gather(cache.v[layer], 1, i, out=out.v[layer][:, :budget])
+
+    say(f"gather, budget {budget}: torch.gather {median_ms(expanded_gather, repeats):.1f} ms, "
+        f"index_select (KVCache.gather) {median_ms(lambda: cache.gather(idx, extra=9, out=out), repeats):.1f} ms")
+
+
+def bench_mass(ctx: int, repeats: int, say: Say) -> None:
+    """The recall index's pass over the keys for c accepted queries (attention_mass) against a plain
+    streaming read of the same keys, and the share of it that is the query-key product alone."""
+    keys = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
+    read = median_ms(lambda: [k.sum() for k in keys], repeats)
+    gb = LAYERS * HKV * ctx * D * 4 / 1e9
+    say(f"plain read of the keys ({gb * 1000:.0f} MB): {read:.1f} ms ({gb / read * 1000:.1f} GB/s)")
+    for c in (1, 5, 16):
+        q, lse = torch.randn(HQ, c, D), torch.full((HQ, c), 5.0)
+        ms = median_ms(lambda q=q, lse=lse: [attention_mass(q, lse, k, 0.125) for k in keys], repeats)
+        say(f"attention_mass, {c:2d} queries: {ms:.1f} ms ({gb / ms * 1000:.1f} GB/s of keys)")
+        # where it goes: the [G*c, D] x [D, T] product alone (FLOPs, not bytes, bound it: G*c rows
+        # reuse every key), then everything after it (exp, group sum, causal tail)
+        qs = q.reshape(HKV, HQ // HKV * c, D)
+        mm = median_ms(lambda qs=qs: [qs @ k.transpose(1, 2) for k in keys], repeats)
+        gflop = 2 * LAYERS * HQ * c * D * ctx / 1e9
+        say(f"  of which the product: {mm:.1f} ms ({gflop / mm * 1000:.0f} GFLOP/s), the rest {ms - mm:.1f} ms")

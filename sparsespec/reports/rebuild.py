@@ -1,0 +1,119 @@
+"""Rebuilding the marked sections of README.md and docs/ from the committed files in results/, so
+that every number in the docs is a saved result rendered, never a table edited by hand.
+
+A marked section is everything between
+
+    <!-- results: RENDERER PATH [PATH ...] [key=value ...] -->
+    <!-- /results -->
+
+PATH is a results file (`.json`, a report of a script in scripts/) or an evaluate.py run
+directory (every results file of the run, shards included, and its command.txt), relative to the
+repository root; globs are expanded. Each section ends with the command that made its numbers and
+a link to them. A `plot.*` renderer also writes the PNG named by `img=`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+from sparsespec.config import parse_ctx
+from sparsespec.eval.summary import load_results
+from sparsespec.reports import ReportError
+from sparsespec.reports.renderers import PLOTS, RENDERERS
+
+MARKER = re.compile(r"^<!-- results: (?P<spec>.+?) -->\n(?P<body>.*?)^<!-- /results -->$", re.M | re.S)
+DOCS = ("README.md", "docs/*.md")
+
+
+class DocsError(ReportError):
+    """A marked section that cannot be rendered (unknown renderer, missing file)."""
+
+
+def load_source(path: Path, root: Path) -> dict:
+    """A results file or run directory as {"label", "commands", and "report" or "rows"}."""
+    label = str(path.relative_to(root))
+    if path.is_dir():
+        try:
+            rows = load_results([path])
+        except FileNotFoundError:
+            raise DocsError(f"{label}: no results file (an evaluate.py out_dir is expected)") from None
+        cmd = path / "command.txt"
+        return {"label": label, "rows": rows,
+                "commands": cmd.read_text(encoding="utf-8").splitlines() if cmd.is_file() else []}
+    if path.suffix == ".json":
+        report = json.loads(path.read_text(encoding="utf-8"))
+        return {"label": label, "report": report, "rows": report.get("rows", []),
+                "commands": [report["command"]] if report.get("command") else []}
+    raise DocsError(f"{label}: not a .json report or an evaluate.py run directory")
+
+
+def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
+    """The generated body of one marked section of `doc`."""
+    name, *args = shlex.split(spec)  # alt="..." may hold spaces
+    options = dict(a.split("=", 1) for a in args if "=" in a)
+    patterns = [a for a in args if "=" not in a]
+    paths = [Path(p) for pat in patterns for p in sorted(glob.glob(str(root / pat)))]
+    if not paths:
+        raise DocsError(f"{doc.name}: section '{spec}' names no existing results file ({', '.join(patterns)})")
+    sources = [load_source(p, root) for p in paths]
+    if name in PLOTS:
+        img = root / options.pop("img")
+        if write_plots:
+            PLOTS[name](sources, img)
+        elif not img.is_file():
+            raise DocsError(f"{doc.name}: {img.relative_to(root)} is missing; run `make docs`")
+        alt = options.pop("alt", img.stem.replace("_", " "))
+        body = f"![{alt}]({_rel(img, doc)})"
+    elif name in RENDERERS:
+        if "ctx" in options:
+            options["ctx"] = parse_ctx(options["ctx"])
+        body = RENDERERS[name](sources, **options)
+    else:
+        raise DocsError(f"{doc.name}: unknown renderer {name!r}; known: {', '.join([*RENDERERS, *PLOTS])}")
+    commands = list(dict.fromkeys(c for s in sources for c in s["commands"]))
+    files = ", ".join(f"[`{s['label']}`]({_rel(root / s['label'], doc)})" for s in sources)
+    made = "; ".join(f"`{c}`" for c in commands) or "not recorded"
+    return f"{body.rstrip()}\n\n<sub>Made by {made}. Data: {files}.</sub>\n"
+
+
+def _rel(target: Path, doc: Path) -> str:
+    return os.path.relpath(target, doc.parent)
+
+
+def rebuild(doc: Path, root: Path, write_plots: bool) -> str:
+    """`doc`'s text with every marked section generated anew."""
+    text = doc.read_text(encoding="utf-8")
+
+    def sub(m: re.Match) -> str:
+        return f"<!-- results: {m['spec']} -->\n{render_section(m['spec'], doc, root, write_plots)}<!-- /results -->"
+
+    return MARKER.sub(sub, text)
+
+
+def docs_files(root: Path) -> list[Path]:
+    """README.md and docs/*.md under `root`: the files that may hold marked sections."""
+    return [Path(p) for pat in DOCS for p in sorted(glob.glob(str(root / pat)))]
+
+
+def sections(root: Path) -> dict[str, list[str]]:
+    """doc -> the specs of its marked sections."""
+    return {str(d.relative_to(root)): [m["spec"] for m in MARKER.finditer(d.read_text(encoding="utf-8"))]
+            for d in docs_files(root)}
+
+
+def stale_docs(root: Path, write: bool) -> list[str]:
+    """The docs whose marked sections differ from their rebuild; with `write`, rewritten (and their
+    plots redrawn), else left untouched (plots are then only checked to exist)."""
+    stale = []
+    for doc in docs_files(root):
+        new = rebuild(doc, root, write_plots=write)
+        if new != doc.read_text(encoding="utf-8"):
+            stale.append(str(doc.relative_to(root)))
+            if write:
+                doc.write_text(new, encoding="utf-8")
+    return stale
