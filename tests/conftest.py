@@ -1,6 +1,14 @@
-"""Tiny random models of several families, built in the tests (no downloads)."""
+"""Tiny random models of several families, built in the tests (no downloads).
+
+SPARSESPEC_TEST_DEVICE (default "cpu") is the device `tiny_hf` / `tiny_lm` put their models on, so
+the same tests check the engine on a GPU (scripts/gpu_check.sh runs the exactness, sampling,
+attention and sync tests with it set to "cuda"). On CUDA TF32 matmuls are turned off: exactness is
+tested in float32, and TF32 rounds the products' inputs to 10 mantissa bits.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -9,6 +17,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from sparsespec.models.runner import CausalLM
 
 VOCAB = 61
+DEVICE = torch.device(os.environ.get("SPARSESPEC_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def tiny_config(family: str = "llama", vocab: int = VOCAB, layers: int = 2, **over):
@@ -26,8 +38,8 @@ def tiny_config(family: str = "llama", vocab: int = VOCAB, layers: int = 2, **ov
 
 
 def tiny_hf(family: str = "llama", seed: int = 0, **over):
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config(family, **over)).eval()
+    torch.manual_seed(seed)  # initialised on the CPU, so a seed gives the same weights on every device
+    return AutoModelForCausalLM.from_config(tiny_config(family, **over)).eval().to(DEVICE)
 
 
 def tiny_lm(family: str = "llama", seed: int = 0, **over) -> CausalLM:

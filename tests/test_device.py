@@ -75,7 +75,7 @@ def test_device_and_dtype_settings_resolve_and_name_the_key():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16 if torch.cuda.is_available() else True
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16  # (no CUDA query: the choice only)
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ConfigError, match=r"model.device='gpu': expected auto, cpu, cuda or cuda:N"):
         resolve_device("gpu")
@@ -84,3 +84,18 @@ def test_device_and_dtype_settings_resolve_and_name_the_key():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"model.device=cuda:1: CUDA is not available here.*model.device=cpu"):
             resolve_device("cuda:1")
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_gather_rows_both_paths(per_head):
+    """The compact cache's gather: per-head index_select (the CPU) and one gather (CUDA) agree with
+    plain indexing, writing into a slice of a larger buffer as KVCache.gather does."""
+    from sparsespec.kv.cache import gather_rows
+
+    src = torch.randn(3, 40, 8)
+    index = torch.randint(0, 40, (3, 10)).sort(-1).values
+    buf = torch.zeros(3, 16, 8)
+    gather_rows(src, index, buf[:, :10], per_head)
+    for h in range(3):
+        assert torch.equal(buf[h, :10], src[h, index[h]])
+    assert not buf[:, 10:].any()

@@ -117,7 +117,7 @@ def test_budget_covering_context_equals_full_cache():
     view = StreamingKV(budget=500, k_sink=4)
     assert view.select(DecodeState(target, cache, prompt.tolist(), 80)) is None
     # force the gather path with every index: the compact copy must be exact
-    idx = torch.arange(80).expand(target.n_layers, target.n_kv_heads, 80)
+    idx = torch.arange(80, device=target.device).expand(target.n_layers, target.n_kv_heads, 80)
     compact = cache.gather(idx)
     a = target.forward(nxt, compact, positions=torch.tensor([80]))
     b = target.forward(nxt, cache)

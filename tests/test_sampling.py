@@ -62,7 +62,7 @@ def exact_marginals(target, prompt, steps, sampling):
         for seq, w in frontier.items():
             cache = target.new_cache()
             logits = target.prefill(torch.tensor(prompt + list(seq)), cache)[-1]
-            p = sampling.probs(logits)
+            p = sampling.probs(logits).cpu()
             m += w * p
             for t in range(V):
                 if p[t] > 1e-4:

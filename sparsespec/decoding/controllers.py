@@ -6,23 +6,28 @@ controller may stop early on a low-confidence token), and reports the verified r
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-
-import torch
+from typing import ClassVar
 
 
 @dataclass
 class RoundStats:
     drafted: int
     accepted: int
-    entropies: list[float]
+    entropies: list[float]  # empty when the controller does not read them
     draft_s: float
     verify_s: float
 
 
 class Controller(ABC):
     """Decides each round's draft length. `max_draft` is the one method a controller must have."""
+
+    # Whether keep_drafting/observe read the draft tokens' entropies. Reading one means waiting for
+    # the GPU after every draft step; a controller that does not (FixedK) lets a greedy round run
+    # with a single host synchronisation, at its acceptance decision.
+    reads_entropy: ClassVar[bool] = True
 
     @abstractmethod
     def max_draft(self) -> int:
@@ -44,6 +49,7 @@ class Controller(ABC):
 class FixedK(Controller):
     """Always draft k tokens (the classic speculative decoding setting)."""
 
+    reads_entropy: ClassVar[bool] = False
     k: int = 4
     history: list[int] = field(default_factory=list, init=False, repr=False)
 
@@ -162,7 +168,7 @@ class EntropyController(Controller):
         for m in (1, 2, 4, 8):
             rounds = [(ps, acc) for ps, acc in self.log if len(ps) >= m]
             if rounds:
-                prod = [float(torch.tensor(ps[:m], device="cpu").prod()) for ps, _ in rounds]
+                prod = [math.prod(ps[:m]) for ps, _ in rounds]
                 chain[m] = {
                     "observed": sum(acc >= m for _, acc in rounds) / len(rounds),
                     "predicted": sum(prod) / len(prod),

@@ -11,7 +11,6 @@ what followed the latest earlier occurrence of the last n-gram.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,31 +42,37 @@ class DecodeState:
 
 @dataclass
 class Proposal:
-    tokens: list[int]
+    # the draft: token ids on the model's device ([k], as drafted: nothing waits for them) or a list
+    tokens: torch.Tensor | list[int]
     q: torch.Tensor | None  # [k, V] distributions the tokens were drawn from (None when greedy)
-    entropies: list[float]
+    entropies: list[float]  # per draft token, where the controller reads them (else empty)
     steps: int  # drafter forward passes
-    seconds: float = 0.0
+    seconds: float = 0.0  # set by the engine, from device-side marks around `propose`
     # False when the controller did not size this draft (prompt lookup): it must not learn from
     # the round (its entropies and cost describe the drafter it steers, not a copy)
     controlled: bool = True
 
+    def __len__(self) -> int:
+        return len(self.tokens)
 
-def draft(step: Callable[[list[int]], torch.Tensor], first: list[int], kmax: int, controller: Controller,
-          sampling: Sampling, gen: torch.Generator, t0: float) -> Proposal:
+
+def draft(step: Callable[[torch.Tensor | list[int]], torch.Tensor], first: torch.Tensor | list[int], kmax: int,
+          controller: Controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
     """The drafting loop a model drafter runs: `step(ids)` feeds tokens and returns the next logits;
-    sample, record entropy, and stop at kmax or when the controller says so."""
+    draw, and stop at kmax or when the controller says so. The tokens stay on the device (each is
+    the next step's input), so with a controller that reads no entropy nothing here waits for the GPU."""
     logits, out, qs, ents = step(first), [], [], []
     while True:
-        tok, q = sampling.sample(logits, gen)
+        tok, q = sampling.draw(logits, gen)
         out.append(tok)
         qs.append(q)
-        ents.append(entropy(logits))
+        if controller.reads_entropy:
+            ents.append(float(entropy(logits)))
         if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
             break
-        logits = step([tok])
+        logits = step(tok)
     q = None if sampling.greedy else torch.stack(qs)
-    return Proposal(out, q, ents, steps=len(out), seconds=time.perf_counter() - t0)
+    return Proposal(torch.cat(out), q, ents, steps=len(out))
 
 
 class Drafter(ABC):
@@ -134,7 +139,6 @@ class SelfDrafter(Drafter):
 
     def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
                 gen: torch.Generator) -> Proposal:
-        t0 = time.perf_counter()
         model, length = state.target, state.cache.length
         kmax = min(controller.max_draft(), state.draft_limit)
         idx = self.policy.select(state)
@@ -143,12 +147,13 @@ class SelfDrafter(Drafter):
             cache = state.cache
         else:
             cache = self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
-        base, pos = cache.length, iter(range(length, length + kmax))
+        base = cache.length
+        positions = iter(torch.arange(length, length + kmax, device=model.device).split(1))
 
-        def step(ids: list[int]) -> torch.Tensor:  # the compact cache keeps the tokens' true positions
-            return model.forward(ids, cache, positions=[next(pos)])[-1]
+        def step(ids: torch.Tensor | list[int]) -> torch.Tensor:  # the compact cache keeps true positions
+            return model.forward(ids, cache, positions=next(positions))[-1]
 
-        proposal = draft(step, [state.tokens[-1]], kmax, controller, sampling, gen, t0)
+        proposal = draft(step, [state.tokens[-1]], kmax, controller, sampling, gen)
         if idx is None:
             cache.crop(base)
         return proposal
@@ -181,20 +186,19 @@ class ModelDrafter(Drafter):
         self.model.prefill(state.tokens[: state.prompt_len], self.cache, chunk=self.prefill_chunk,
                            mask_fn=self.policy.mask)
 
-    def _step(self, ids: list[int]) -> torch.Tensor:
+    def _step(self, ids: torch.Tensor | list[int]) -> torch.Tensor:
         n = len(ids)
         mask = self.policy.mask(self.cache.length, n, self.cache.length + n, self.model.device)
         return self.model.forward(ids, self.cache, mask=mask, logits="last")[-1]
 
     def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
                 gen: torch.Generator) -> Proposal:
-        t0 = time.perf_counter()
         kmax = min(controller.max_draft(), state.draft_limit)
         vocab = state.target.vocab_size
         # the first step catches up on every token the drafter has not processed (the pending one,
         # plus the verifier's correction or the last draft when all were accepted)
         return draft(lambda ids: self._step(ids)[:vocab], state.tokens[self.cache.length :], kmax, controller,
-                     sampling, gen, t0)
+                     sampling, gen)
 
     def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
@@ -250,7 +254,6 @@ class PromptLookup:
 
     def propose(self, state: DecodeState, controller: Controller, sampling: Sampling) -> Proposal | None:
         """A copied draft, or None when the n-gram has no earlier occurrence."""
-        t0 = time.perf_counter()
         kmax = min(controller.max_draft(), state.draft_limit, *([self.k] if self.k is not None else []))
         out = self.lookup(state.tokens, kmax)
         if not out:
@@ -260,7 +263,7 @@ class PromptLookup:
         vocab = state.target.vocab_size
         q = None if sampling.greedy else torch.nn.functional.one_hot(
             torch.tensor(out, device=state.target.device), vocab).float()
-        return Proposal(out, q, [0.0] * len(out), steps=0, seconds=time.perf_counter() - t0, controlled=False)
+        return Proposal(out, q, [], steps=0, controlled=False)
 
     def report(self) -> dict[str, int]:
         return {"lookup_rounds": self.looked_up, "fallback_rounds": self.missed}

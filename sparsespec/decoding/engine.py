@@ -24,6 +24,7 @@ from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Pro
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_greedy, accept_speculative
 from sparsespec.kv.cache import KVCache
+from sparsespec.models.device import DeviceClock, to_device_ids
 from sparsespec.models.runner import CausalLM
 
 
@@ -122,6 +123,7 @@ class SpeculativeEngine:
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to condition on")
         sampling = sampling or Sampling()
+        self._clock = DeviceClock(self.target.device)
         gen = torch.Generator(device=self.target.device).manual_seed(seed)
         target, drafter = self.target, self.drafter
         if cache is None:
@@ -136,7 +138,7 @@ class SpeculativeEngine:
         capture = drafter.prefill_capture() if drafter else None
         logits = target.prefill(prompt_ids[done:], cache, self.prefill_chunk, capture=capture,
                                 progress=progress)[-1]
-        first, _ = sampling.sample(logits, gen)
+        first = int(sampling.draw(logits, gen)[0])
         state = DecodeState(target, cache, list(prompt_ids) + [first], len(prompt_ids))
         if drafter:
             drafter.start(state)
@@ -166,10 +168,15 @@ class SpeculativeEngine:
         return res
 
     def _round(self, state: DecodeState, res: GenerationResult, remaining: int, sampling, gen) -> int:
-        """One draft-verify round; appends the kept tokens to state.tokens, returns the last one."""
-        target, cache, drafter = state.target, state.cache, self.drafter
+        """One draft-verify round; appends the kept tokens to state.tokens, returns the last one.
+
+        On the greedy path with a controller that reads no entropy, the host waits for the device
+        once per round: the draft stays on the device, and one read brings back the draft and the
+        target's tokens together for the acceptance decision (tests/test_syncs.py counts this)."""
+        target, cache, drafter, clock = state.target, state.cache, self.drafter, self._clock
         length = cache.length
         proposal: Proposal | None = None
+        start = clock.mark()
         # with one token left a draft can never be used: verify-only (an AR step)
         if remaining > 1:
             state.draft_limit = remaining - 1
@@ -181,30 +188,36 @@ class SpeculativeEngine:
                 proposal.tokens = proposal.tokens[: state.draft_limit]
                 if proposal.q is not None:
                     proposal.q = proposal.q[: len(proposal.tokens)]
-        draft = proposal.tokens if proposal else []
+        drafted = clock.mark()
+        k = len(proposal) if proposal else 0
+        ids = to_device_ids([state.tokens[-1]], target.device)
+        if k:
+            ids = torch.cat([ids, to_device_ids(proposal.tokens, target.device)])
 
-        t0 = time.perf_counter()
         capture = drafter.verify_capture() if drafter else None
-        logits = target.forward([state.tokens[-1], *draft], cache, capture=capture)
+        logits = target.forward(ids, cache, capture=capture)
         if sampling.greedy:
-            n_acc, nxt = accept_greedy(draft, logits)
+            n_acc, nxt, draft = accept_greedy(ids[1:], logits)
         else:
+            draft = ids[1:].tolist()
             p = sampling.probs(logits)
             n_acc, nxt = accept_speculative(draft, proposal.q, p, gen) if draft else (
                 0, int(torch.multinomial(p[0], 1, generator=gen)))
+        verified = clock.mark()  # after the host read above: every mark before it is complete
         cache.crop(length + 1 + n_acc)
-        verify_s = time.perf_counter() - t0
+        verify_s = clock.seconds(drafted, verified)
         state.tokens.extend([*draft[:n_acc], nxt])
         res.verify_s += verify_s
         res.verify_steps += 1
         if drafter is not None:  # also after a verify-only or lookup round: the index saw its query
             drafter.on_verified(state, n_acc)
         if proposal is not None:
+            proposal.seconds = clock.seconds(start, drafted)
             res.draft_s += proposal.seconds
             res.draft_steps += proposal.steps
-            res.drafted += len(draft)
+            res.drafted += k
             res.accepted += n_acc
-            res.rounds.append((len(draft), n_acc))
+            res.rounds.append((k, n_acc))
             if proposal.controlled:
-                self.controller.observe(RoundStats(len(draft), n_acc, proposal.entropies, proposal.seconds, verify_s))
+                self.controller.observe(RoundStats(k, n_acc, proposal.entropies, proposal.seconds, verify_s))
         return nxt

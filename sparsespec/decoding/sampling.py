@@ -40,15 +40,18 @@ class Sampling:
             p = p / p.sum(-1, keepdim=True)
         return p
 
-    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
-        """Draw one token from 1-D logits; returns (token, the probabilities it was drawn from)."""
-        p = self.probs(logits)
+    def draw(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draw one token from 1-D logits: (token, the probabilities it was drawn from, or None when
+        greedy: nobody needs a one-hot q). The token stays on the logits' device ([1]), so a drafter
+        feeding it to its next step does not wait for the device."""
         if self.greedy:
-            return int(logits.argmax()), p
-        return int(torch.multinomial(p, 1, generator=generator)), p
+            return logits.argmax(-1, keepdim=True), None
+        p = self.probs(logits)
+        return torch.multinomial(p, 1, generator=generator), p
 
 
-def entropy(logits: torch.Tensor) -> float:
-    """Shannon entropy (nats) of softmax(logits): the controller's confidence signal."""
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) of softmax(logits), a 0-d tensor on the logits' device: the entropy
+    controller's confidence signal (it reads the value, and so waits for the GPU, each draft step)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return float(-(logp.exp() * logp).sum())
+    return -(logp.exp() * logp).sum()

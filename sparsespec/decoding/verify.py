@@ -11,13 +11,21 @@ from __future__ import annotations
 import torch
 
 
-def accept_greedy(draft: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """draft: k tokens; target_logits: [k + 1, V]. Returns (n_accepted, next_token)."""
-    target = target_logits.argmax(-1).tolist()
+def accept_greedy(draft: torch.Tensor | list[int], target_logits: torch.Tensor) -> tuple[int, int, list[int]]:
+    """draft: k tokens (a list, or a tensor on the logits' device); target_logits: [k + 1, V].
+    Returns (n_accepted, next_token, the draft as a list). A draft tensor comes back to the host in
+    the same read as the target's tokens: one wait for the device for the whole decision."""
+    target = target_logits.argmax(-1)
+    k = len(draft)
+    if isinstance(draft, torch.Tensor):
+        both = torch.cat([draft.to(target.device), target]).tolist()
+        draft, target = both[:k], both[k:]
+    else:
+        draft, target = list(draft), target.tolist()
     n = 0
-    while n < len(draft) and draft[n] == target[n]:
+    while n < k and draft[n] == target[n]:
         n += 1
-    return n, target[n]
+    return n, target[n], draft
 
 
 def accept_speculative(

@@ -80,14 +80,24 @@ class KVCache:
         if out is None or out.capacity < budget + extra:
             # slack: a ratio budget grows with the context; reallocate every ~64 tokens of it, not every round
             out = KVCache(n_layers, n_heads, self.head_dim, self.dtype, self.device, capacity=budget + extra + 64)
-        # index_select of whole rows per head: 4x faster here than torch.gather with the index
-        # expanded over head_dim, which moves one element at a time (docs/performance.md)
+        per_head = self.device.type != "cuda"
         for layer in range(n_layers):
-            for h in range(n_heads):
-                torch.index_select(self.k[layer][h], 0, index[layer, h], out=out.k[layer][h, :budget])
-                torch.index_select(self.v[layer][h], 0, index[layer, h], out=out.v[layer][h, :budget])
+            gather_rows(self.k[layer], index[layer], out.k[layer][:, :budget], per_head)
+            gather_rows(self.v[layer], index[layer], out.v[layer][:, :budget], per_head)
         out.length = budget
         return out
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor, per_head: bool) -> None:
+    """out[h] = src[h, index[h]] for every head (src [H, T, D], index [H, b], out [H, b, D]).
+    per_head (the CPU): index_select of whole rows per head, 4x faster there than torch.gather with
+    the index expanded over head_dim, which moves one element at a time (docs/performance.md); on a
+    GPU one gather kernel for all heads, instead of a launch per head."""
+    if per_head:
+        for h in range(src.shape[0]):
+            torch.index_select(src[h], 0, index[h], out=out[h])
+    else:
+        torch.gather(src, 1, index[..., None].expand(-1, -1, src.shape[-1]), out=out)

@@ -104,7 +104,7 @@ class RecallIndex(KVPolicy):
         skip = max(0, n_queries - window)  # rows that would leave the window at once
         c = n_queries - skip
         first = (self._slot + skip) % window
-        slots = torch.tensor([(first + j) % window for j in range(c)], device=cache.k[0].device)
+        slots = (torch.arange(c, device=cache.k[0].device) + first) % window  # made on the device: no copy
         for layer in batches[0]:
             q = torch.cat([b[layer][0] for b in batches], 1)[:, skip:]
             lse = torch.cat([b[layer][1] for b in batches], 1)[:, skip:]

@@ -8,6 +8,7 @@ in which every method's greedy output is token-identical to `ar`).
 from __future__ import annotations
 
 import re
+import time
 
 import torch
 
@@ -62,3 +63,37 @@ def resolve_dtype(spec: str | torch.dtype | None, device: torch.device, key: str
         raise ConfigError(f"{key}=bfloat16: {torch.cuda.get_device_name(device)} cannot run bfloat16; "
                           f"use {key}=float16 or {key}=float32")
     return dtype
+
+
+def to_device_ids(ids: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Token ids (or positions) on `device` without making the host wait: on CUDA a list goes through
+    pinned memory with a non-blocking copy (a plain `torch.tensor(..., device="cuda")` copies from
+    pageable memory, which synchronises with the GPU every time it is called)."""
+    if isinstance(ids, torch.Tensor):
+        return ids if ids.device == device else ids.to(device, non_blocking=True)
+    t = torch.tensor(ids, dtype=torch.long, device="cpu")
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t if device.type == "cpu" else t.to(device)
+
+
+class DeviceClock:
+    """Times spans of device work. On CUDA a mark is a recorded event, read after the round's one
+    host synchronisation, so a span is the GPU's time for the work queued between two marks (the
+    host returns from a launch long before the kernel ends); elsewhere a mark is perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> float | torch.cuda.Event:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
+        """The span between two marks; on CUDA call it after a synchronisation that follows `end`."""
+        if self.cuda:
+            return start.elapsed_time(end) / 1000.0
+        return end - start

@@ -17,6 +17,7 @@ from torch import nn
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.models.attention import attend
+from sparsespec.models.device import to_device_ids
 
 
 class UnsupportedModelError(ValueError):
@@ -137,7 +138,7 @@ class CausalLM:
         Raises UnsupportedModelError if the cache would then hold more tokens than the model's
         sliding window (`applied_sliding_window`): past it our full attention is not the model's.
         """
-        ids = torch.as_tensor(ids, device=self.device)
+        ids = to_device_ids(ids, self.device)
         n = ids.shape[0]
         if self.sliding_window is not None and cache.length + n > self.sliding_window:
             raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
@@ -146,7 +147,7 @@ class CausalLM:
         if positions is None:
             positions = torch.arange(cache.length, cache.length + n, device=self.device)
         else:
-            positions = torch.as_tensor(positions, device=self.device)
+            positions = to_device_ids(positions, self.device)
         x = self.embed(ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary(x, positions[None])
         cos, sin = cos[0], sin[0]  # [n, D]
@@ -158,7 +159,20 @@ class CausalLM:
             return None
         if logits == "last":
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))[0].float()
+        return self._logits(self.norm(x)[0])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 logits [n, V] from the final hidden states. In bf16/fp16 the product is taken in
+        float32 rather than rounded to the model's dtype: near-ties between the top tokens decide
+        greedy output, and the verifier's and sampler's probabilities come from these."""
+        w, b = self.lm_head.weight, self.lm_head.bias
+        if h.dtype == torch.float32:
+            return F.linear(h, w, b)
+        try:  # CUDA: bf16 x bf16 accumulated and returned in fp32 by cuBLAS, no fp32 copy of the weight
+            out = torch.mm(h, w.t(), out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # the CPU has no such kernel: upcast
+            out = F.linear(h.float(), w.float())
+        return out if b is None else out + b.float()
 
     def _mlp(self, layer, i, h):
         w = self._gate_up[i]
