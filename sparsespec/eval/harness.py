@@ -276,7 +276,7 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
 
     if cfg.runtime.memory_guard:
         check_memory(target, ctx + max_new, methods, drafter_model, cfg.runtime.prefill_chunk,
-                     EvaluationError)
+                     EvaluationError, new_tokens=max_new)
 
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ class RecallIndex(KVPolicy):
     def _collect(self, layer: int, q: torch.Tensor, lse: torch.Tensor) -> None:
         # Only queries and log-sum-exps are kept during the forward: which of the verified queries
         # become real (the accepted ones) is known only afterwards, so probabilities are computed then.
-        self._pending[layer] = (q, lse)
+        self._pending[layer] = (q.clone(), lse)  # a copy: a view would keep the whole chunk's q alive
 
     def start(self, state: PolicyState) -> None:
         """After prefill: seed the window with the last W prompt queries."""
