@@ -41,7 +41,7 @@ def test_estimate_covers_the_measured_cache_and_recall_index(monkeypatch):
     assert kv <= est["target KV cache"] <= 1.1 * kv  # the cache the engine allocated, within 10%
     index = view._rows.nbytes + view._sum.nbytes
     assert index <= est["RecallIndex"] <= 1.5 * index  # named by the part that reported it
-    assert est["total"] >= kv + index
+    assert est.needed >= kv + index
     assert est.method == "sparsespec_l" and est.peak_phase in memory.PHASES
 
 
@@ -104,7 +104,7 @@ def test_guard_refuses_with_the_numbers_and_the_fixes(monkeypatch):
                 "model.dtype=bfloat16", "a device with more memory", "runtime.memory_guard=false"):
         assert fix in msg
     est = memory.check_memory(target, 200, [Method(name="ar")], None, 1024)  # small: passes
-    assert est["total"] < 10 * 2**20
+    assert est.needed < 10 * 2**20
 
 
 # The measured check. Each method runs in its own interpreter (other tests' allocations do not count)

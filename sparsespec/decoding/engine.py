@@ -201,7 +201,7 @@ class SpeculativeEngine:
         else:
             draft = ids[1:].tolist()
             p = sampling.probs(logits)
-            n_acc, nxt = accept_speculative(draft, proposal.q, p, gen) if draft else (
+            n_acc, nxt = accept_speculative(ids[1:], proposal.q, p, gen) if k else (
                 0, int(torch.multinomial(p[0], 1, generator=gen)))
         verified = clock.mark()  # after the host read above: every mark before it is complete
         cache.crop(length + 1 + n_acc)

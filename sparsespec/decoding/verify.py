@@ -29,16 +29,17 @@ def accept_greedy(draft: torch.Tensor | list[int], target_logits: torch.Tensor) 
 
 
 def accept_speculative(
-    draft: list[int],
+    draft: torch.Tensor | list[int],
     q: torch.Tensor,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int]:
-    """draft: k tokens; q: [k, V] the distributions they were sampled from; p: [k + 1, V] the
-    target's (same temperature / top-p transform). Returns (n_accepted, next_token)."""
+    """draft: k tokens (a list, or a tensor on p's device); q: [k, V] the distributions they were
+    sampled from; p: [k + 1, V] the target's (same temperature / top-p transform). Returns
+    (n_accepted, next_token)."""
     k = len(draft)
     if k:
-        idx = torch.tensor(draft, device=p.device)
+        idx = torch.as_tensor(draft, device=p.device)
         rows = torch.arange(k, device=p.device)
         ratio = p[rows, idx] / q[rows, idx]
         u = torch.rand(k, generator=generator, device=p.device)

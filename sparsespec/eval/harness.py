@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from sparsespec.config import parse_ctx
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.methods import Method, MethodConfigError
+from sparsespec.eval.prefill import SharedPrefill
 from sparsespec.eval.results import (
     LockedError,
     ResultsFile,
@@ -371,35 +371,6 @@ def _prefill_bar(n_tokens: int, label: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=n_tokens, desc=f"prefill {label}", unit="tok", leave=False)
-
-
-class SharedPrefill:
-    """One prefill of the target per sample, shared by every method and repeat (runtime.share_prefill).
-
-    The target's cache after the prompt is the same whatever the method, so it is computed once, up
-    to the last TAIL prompt tokens; each run prefills that tail itself (so a view's prefill capture
-    sees real queries), decodes, and crops the cache back. At 64k this saves a multi-minute prefill
-    per method. A run's prefill_s is the shared prefill's time plus its own tail.
-    """
-
-    TAIL = 64
-
-    def __init__(self, target: CausalLM, chunk: int, enabled: bool = True) -> None:
-        self.target, self.chunk, self.enabled = target, chunk, enabled
-        self.sample_id, self.cache, self.seconds = None, None, 0.0
-
-    def get(self, sample, max_new: int, bar=None):
-        """(cache holding all but the prompt's tail, seconds it took) or (None, 0.0) when not shared."""
-        if not self.enabled or sample.prompt_tokens <= 2 * self.TAIL:
-            return None, 0.0
-        if self.sample_id != sample.sample_id:
-            self.cache = None  # free the previous sample's cache first
-            head = sample.prompt_ids[: -self.TAIL]
-            cache = self.target.new_cache(sample.prompt_tokens + max_new + 64)
-            t0 = time.perf_counter()
-            self.target.prefill(head, cache, self.chunk, progress=bar.update if bar else None)
-            self.sample_id, self.cache, self.seconds = sample.sample_id, cache, time.perf_counter() - t0
-        return self.cache, self.seconds
 
 
 def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos, chunk, show_prefill=False,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sparsespec.models.attention import _HAS_FLASH_ATTN, SMALL_QUERY_BLOCK, fused_kernel
+from sparsespec.models.attention import SMALL_QUERY_BLOCK, flash_attn_applies, fused_kernel
 from sparsespec.models.runner import CausalLM
 
 GiB = 1024**3
@@ -148,7 +148,7 @@ def forward_transient_bytes(model: CausalLM, n: int, total: int, masked: bool = 
         else:
             scores = 3 * hq * n * total * F32 + rows * e
         return max(stream + proj + n * total + scores, mlp + n * total)
-    if cuda and _HAS_FLASH_ATTN and e < F32:
+    if flash_attn_applies(model.device, model.dtype):
         attn = stream + proj + rows * e + hq * n * F32
     else:
         if n > SMALL_QUERY_BLOCK:
@@ -238,14 +238,8 @@ class MemoryEstimate:
     def needed(self) -> int:
         return self.peak + (0 if self.weights_loaded else sum(self.resident.values()))
 
-    @property
-    def total(self) -> int:
-        return self.needed
-
     def __getitem__(self, key: str) -> int:
-        """`total` (= needed), a part's bytes (the largest of that name), or a resident entry."""
-        if key == "total":
-            return self.needed
+        """A part's bytes (the largest of that name), or a resident entry."""
         sizes = [p.nbytes for p in self.parts if p.name == key]
         if sizes:
             return max(sizes)

@@ -52,14 +52,12 @@ _HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # the `gpu
 
 
 def _fused_cpu(q, k, v, scale, causal):
-    out, lse = _FLASH_CPU(q, k, v, is_causal=causal, scale=scale)
-    return out, lse
+    return _FLASH_CPU(q, k, v, is_causal=causal, scale=scale)[:2]
 
 
 def _fused_cuda_flash(q, k, v, scale, causal):
     # PyTorch's own FlashAttention-2 (fp16/bf16): returns the LSE as its second output
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
-    return out, lse
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
 
 
 def _fused_cuda_efficient(q, k, v, scale, causal):
@@ -67,6 +65,11 @@ def _fused_cuda_efficient(q, k, v, scale, causal):
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
                                                                       scale=scale)[:2]
     return out, lse[..., : q.shape[-2]]
+
+
+def flash_attn_applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `attend` hands the default visibility to flash-attn (installed, CUDA, fp16/bf16)."""
+    return device.type == "cuda" and _HAS_FLASH_ATTN and dtype in (torch.float16, torch.bfloat16)
 
 
 def fused_kernel(q: torch.Tensor) -> Fused | None:
@@ -98,7 +101,7 @@ def attend(
     """
     c = min(lse_rows, q.shape[1])
     if mask is None:
-        if q.device.type == "cuda" and _HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
+        if flash_attn_applies(q.device, q.dtype):
             out, lse = _attend_flash_attn(q, k, v, scale)
             return out, (lse[:, q.shape[1] - c :] if c else None)
         kernel = fused_kernel(q)

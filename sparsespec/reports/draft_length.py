@@ -11,7 +11,7 @@ import statistics
 import torch
 
 from sparsespec.config import load_method
-from sparsespec.eval.harness import SharedPrefill
+from sparsespec.eval.prefill import SharedPrefill
 from sparsespec.eval.summary import distinct_by_part
 from sparsespec.models.runner import CausalLM
 from sparsespec.reports import ReportError, Say, silent

@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 
+from sparsespec.data.base import Sample
 from sparsespec.decoding.engine import GenerationResult, SpeculativeEngine
+from sparsespec.eval.prefill import SharedPrefill
 from sparsespec.kv.cache import KVCache
 from sparsespec.models.runner import CausalLM
 from sparsespec.reports import Say, silent
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 
 OURS = ("ar", "magicdec", "sparsespec_l")
 METHODS = ("hf_static", *OURS)
-TAIL = 64  # prompt tokens each run prefills itself (the harness' SharedPrefill.TAIL)
+TAIL = SharedPrefill.TAIL  # prompt tokens each run prefills itself
 ROPE_THETA = 500000.0
 # Llama-3.1-8B's shape (random weights: speed, γ and memory mean something, acceptance does not)
 LLAMA_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -196,22 +198,10 @@ def timed(device: torch.device, call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def shared_prefill(target: CausalLM, prompt: list[int], new_tokens: int) -> tuple[KVCache, float]:
-    """All but the prompt's TAIL in a cache every run reuses: the harness' SharedPrefill where its
-    module imports (it needs OmegaConf), else the same two steps here."""
-    try:
-        from sparsespec.data.base import Sample
-        from sparsespec.eval.harness import SharedPrefill
-    except ImportError:
-        def fill() -> KVCache:
-            cache = target.new_cache(len(prompt) + new_tokens + 64)
-            target.prefill(prompt[:-TAIL], cache)
-            return cache
-    else:
-        def fill() -> KVCache:
-            sample = Sample("gpu_check", "gpu_check", None, prompt, None, None)
-            return SharedPrefill(target, chunk=1024).get(sample, new_tokens)[0]
+    """All but the prompt's tail in a cache every run reuses (the harness' SharedPrefill)."""
+    sample = Sample("gpu_check", "gpu_check", None, prompt, None, None)
     with torch.no_grad():
-        return timed(target.device, fill)
+        return timed(target.device, lambda: SharedPrefill(target, chunk=1024).get(sample, new_tokens)[0])
 
 
 def run_ours(build: Builder, target: CausalLM, prompt: list[int], n: int,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from sparsespec.config import load_method
 from sparsespec.data.continuation import window
 from sparsespec.decoding.sampling import Sampling
-from sparsespec.eval.harness import SharedPrefill
+from sparsespec.eval.prefill import SharedPrefill
 from sparsespec.eval.summary import distinct_by_part
 from sparsespec.models.loading import load_model
 from sparsespec.models.runner import CausalLM
@@ -104,7 +104,7 @@ def soak_one(plan: SoakPlan, ctx: int, text: str, t0: float, say: Say = silent, 
         from sparsespec.eval.memory import check_memory
 
         est = check_memory(target, ctx + plan.new_tokens, [method], None, plan.prefill_chunk, ReportError)
-        say(f"memory estimate {est['total'] / 1024**3:.2f} GiB beyond the weights")
+        say(f"memory estimate {est.needed / 1024**3:.2f} GiB beyond the weights")
     engine = method.build(target, None, plan.prefill_chunk)
     log = _RoundLog(engine, sampler, t0, plan.new_tokens, rounds_say, ctx)
     sampler.phase = "prefill"

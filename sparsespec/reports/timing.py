@@ -37,7 +37,7 @@ def prefill_once(target: CausalLM, sample, new_tokens: int) -> tuple[KVCache, fl
     """The harness' shared prefill (all but the prompt's tail), reused by every run on this prompt."""
     from tqdm.auto import tqdm
 
-    from sparsespec.eval.harness import SharedPrefill
+    from sparsespec.eval.prefill import SharedPrefill
 
     with tqdm(total=sample.prompt_tokens, desc=f"prefill {sample.sample_id}", unit="tok", leave=False,
               mininterval=10) as bar:

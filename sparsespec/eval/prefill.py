@@ -1,0 +1,37 @@
+"""The prefill every method of a sample shares (evaluate.py, the benchmarks and the GPU check).
+No Hydra here: a machine without it can still import this."""
+
+from __future__ import annotations
+
+import time
+
+from sparsespec.models.runner import CausalLM
+
+
+class SharedPrefill:
+    """One prefill of the target per sample, shared by every method and repeat (runtime.share_prefill).
+
+    The target's cache after the prompt is the same whatever the method, so it is computed once, up
+    to the last TAIL prompt tokens; each run prefills that tail itself (so a view's prefill capture
+    sees real queries), decodes, and crops the cache back. At 64k this saves a multi-minute prefill
+    per method. A run's prefill_s is the shared prefill's time plus its own tail.
+    """
+
+    TAIL = 64
+
+    def __init__(self, target: CausalLM, chunk: int, enabled: bool = True) -> None:
+        self.target, self.chunk, self.enabled = target, chunk, enabled
+        self.sample_id, self.cache, self.seconds = None, None, 0.0
+
+    def get(self, sample, max_new: int, bar=None):
+        """(cache holding all but the prompt's tail, seconds it took) or (None, 0.0) when not shared."""
+        if not self.enabled or sample.prompt_tokens <= 2 * self.TAIL:
+            return None, 0.0
+        if self.sample_id != sample.sample_id:
+            self.cache = None  # free the previous sample's cache first
+            head = sample.prompt_ids[: -self.TAIL]
+            cache = self.target.new_cache(sample.prompt_tokens + max_new + 64)
+            t0 = time.perf_counter()
+            self.target.prefill(head, cache, self.chunk, progress=bar.update if bar else None)
+            self.sample_id, self.cache, self.seconds = sample.sample_id, cache, time.perf_counter() - t0
+        return self.cache, self.seconds
