@@ -66,3 +66,18 @@ def test_entropy_controller_reads_each_draft_step():
     with SyncCounter(DEVICE) as syncs:
         res = engine.generate(prompt, 30)
     assert res.verify_steps + 1 < syncs.count <= res.verify_steps + res.drafted + 1
+
+
+def test_one_sync_per_greedy_round_for_a_whole_batch():
+    """A batch of three waits for the device once per round too (not once per sequence): the drafts
+    and the target's tokens of every sequence come back in one read."""
+    target, small = tiny_lm("qwen2"), tiny_lm("qwen2", seed=7, layers=1)
+    prompts = [random_prompt(n, seed=i) for i, n in enumerate((150, 90, 120))]
+    for name in ("sparsespec_l", "sd_sparse"):
+        engine = SpeculativeEngine(target, DRAFTERS[name](small), FixedK(4))
+        with SyncCounter(DEVICE) as syncs:
+            res = engine.generate_batch(prompts, 30)
+        rounds = max(r.verify_steps for r in res)
+        assert sum(r.drafted for r in res) > rounds  # rounds really drafted
+        # one read per round of the batch, plus each sequence's first token after its prefill
+        assert syncs.count <= rounds + len(prompts), f"{name}: {syncs.count} syncs in {rounds} rounds: {syncs.names}"

@@ -11,7 +11,6 @@ what followed the latest earlier occurrence of the last n-gram.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -23,7 +22,8 @@ from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
-from sparsespec.models.runner import CausalLM
+from sparsespec.models.device import DeviceClock
+from sparsespec.models.runner import Block, CausalLM
 
 
 @dataclass
@@ -51,32 +51,71 @@ class Proposal:
     # False when the controller did not size this draft (prompt lookup): it must not learn from
     # the round (its entropies and cost describe the drafter it steers, not a copy)
     controlled: bool = True
+    done_at: object = None  # the engine's clock mark when this draft was complete
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def draft(step: Callable[[torch.Tensor | list[int]], torch.Tensor], first: torch.Tensor | list[int], kmax: int,
-          controller: Controller, sampling: Sampling, gen: torch.Generator) -> Proposal:
-    """The drafting loop a model drafter runs: `step(ids)` feeds tokens and returns the next logits;
-    draw, and stop at kmax or when the controller says so. The tokens stay on the device (each is
-    the next step's input), so with a controller that reads no entropy nothing here waits for the GPU."""
-    logits, out, qs, ents = step(first), [], [], []
-    while True:
-        tok, q = sampling.draw(logits, gen)
-        out.append(tok)
-        qs.append(q)
-        if controller.reads_entropy:
-            ents.append(float(entropy(logits)))
-        if len(out) >= kmax or not controller.keep_drafting(len(out), ents):
-            break
-        logits = step(tok)
-    q = None if sampling.greedy else torch.stack(qs)
-    return Proposal(torch.cat(out), q, ents, steps=len(out))
+@dataclass
+class DraftSteps:
+    """One round of a model drafter as forward passes: feed `first`, then each drawn token, up to
+    `kmax` times. Given as steps rather than run by the drafter, the steps of every sequence in a
+    batch run as one packed forward (`draft`), so the drafter's weights are read once per step."""
+
+    model: CausalLM
+    first: torch.Tensor | list[int]
+    kmax: int
+    block: Callable[[torch.Tensor | list[int]], Block]  # a step's ids -> its forward input (cache, positions, mask)
+    vocab: int | None = None  # logits past the target's vocabulary are cut (a drafter with a larger one)
+    finish: Callable[[], None] | None = None  # after the last step (e.g. roll back a draft written in place)
 
 
-class Drafter(ABC):
-    """A source of draft tokens. `propose` is the one method a drafter must have."""
+def draft(rounds: list[DraftSteps], controllers: list[Controller], sampling: Sampling,
+          generators: list[torch.Generator], clock: DeviceClock | None = None) -> list[Proposal]:
+    """The drafting loop of model drafters, for one sequence or a batch in lockstep: each step feeds
+    every still-drafting sequence's token in one forward per model, then each sequence draws and stops
+    at its kmax or when its controller says so. The tokens stay on the device (each is the next
+    step's input), so with a controller that reads no entropy nothing here waits for the GPU.
+    clock: marks when each sequence's draft was complete (Proposal.done_at)."""
+    n = len(rounds)
+    toks, qs, ents = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+    done_at: list = [None] * n
+    ids = [r.first for r in rounds]
+    active = list(range(n))
+    while active:
+        by_model: dict[int, list[int]] = {}
+        for i in active:
+            by_model.setdefault(id(rounds[i].model), []).append(i)
+        logits = {}
+        for members in by_model.values():
+            out = rounds[members[0]].model.forward_many([rounds[i].block(ids[i]) for i in members])
+            logits.update(zip(members, out, strict=True))
+        still = []
+        for i in active:
+            row = logits[i][-1] if rounds[i].vocab is None else logits[i][-1, : rounds[i].vocab]
+            tok, q = sampling.draw(row, generators[i])
+            toks[i].append(tok)
+            qs[i].append(q)
+            if controllers[i].reads_entropy:
+                ents[i].append(float(entropy(row)))
+            if len(toks[i]) < rounds[i].kmax and controllers[i].keep_drafting(len(toks[i]), ents[i]):
+                still.append(i)
+                ids[i] = tok
+        mark = clock.mark() if clock is not None else None
+        for i in set(active) - set(still):
+            done_at[i] = mark
+        active = still
+    for r in rounds:
+        if r.finish is not None:
+            r.finish()
+    return [Proposal(torch.cat(t), None if sampling.greedy else torch.stack(q), e, steps=len(t), done_at=m)
+            for t, q, e, m in zip(toks, qs, ents, done_at, strict=True)]
+
+
+class Drafter:
+    """A source of draft tokens. A drafter that runs a model implements `steps` (the engine then
+    batches its forwards with other sequences'); any other implements `propose`."""
 
     # True when the drafter decodes with a second model, which the harness loads (drafter.path)
     needs_model: ClassVar[bool] = False
@@ -90,16 +129,23 @@ class Drafter(ABC):
         """What every verification pass should report (None: nothing)."""
         return None
 
-    def start(self, state: DecodeState) -> None:  # noqa: B027 (an optional hook)
+    def start(self, state: DecodeState) -> None:
         """After the target's prefill, before the first round."""
 
-    @abstractmethod
+    def steps(self, state: DecodeState, kmax: int) -> DraftSteps | None:
+        """This round's drafting as forward passes of at most kmax steps (None: `propose` drafts)."""
+        return None
+
     def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
                 gen: torch.Generator) -> Proposal:
         """Up to min(controller.max_draft(), state.draft_limit) tokens, stopping when the
         controller says so."""
+        steps = self.steps(state, min(controller.max_draft(), state.draft_limit))
+        if steps is None:
+            raise NotImplementedError(f"{type(self).__name__} implements neither steps() nor propose()")
+        return draft([steps], [controller], sampling, [gen])[0]
 
-    def on_verified(self, state: DecodeState, n_accepted: int) -> None:  # noqa: B027 (an optional hook)
+    def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         """After every verification (also of rounds it did not draft): state.tokens holds the kept
         tokens and the verifier's own, the target cache all but the last of them."""
 
@@ -137,10 +183,8 @@ class SelfDrafter(Drafter):
     def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
 
-    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
-                gen: torch.Generator) -> Proposal:
+    def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         model, length = state.target, state.cache.length
-        kmax = min(controller.max_draft(), state.draft_limit)
         idx = self.policy.select(state)
         # Full view: draft straight into the target cache and roll back; else a compact copy.
         if idx is None:
@@ -150,13 +194,11 @@ class SelfDrafter(Drafter):
         base = cache.length
         positions = iter(torch.arange(length, length + kmax, device=model.device).split(1))
 
-        def step(ids: torch.Tensor | list[int]) -> torch.Tensor:  # the compact cache keeps true positions
-            return model.forward(ids, cache, positions=next(positions))[-1]
+        def block(ids: torch.Tensor | list[int]) -> Block:  # the compact cache keeps true positions
+            return Block(ids, cache, positions=next(positions), logits="last")
 
-        proposal = draft(step, [state.tokens[-1]], kmax, controller, sampling, gen)
-        if idx is None:
-            cache.crop(base)
-        return proposal
+        return DraftSteps(model, [state.tokens[-1]], kmax, block,
+                          finish=(lambda: cache.crop(base)) if idx is None else None)
 
 
 @dataclass
@@ -186,19 +228,16 @@ class ModelDrafter(Drafter):
         self.model.prefill(state.tokens[: state.prompt_len], self.cache, chunk=self.prefill_chunk,
                            mask_fn=self.policy.mask)
 
-    def _step(self, ids: torch.Tensor | list[int]) -> torch.Tensor:
+    def _block(self, ids: torch.Tensor | list[int]) -> Block:
         n = len(ids)
         mask = self.policy.mask(self.cache.length, n, self.cache.length + n, self.model.device)
-        return self.model.forward(ids, self.cache, mask=mask, logits="last")[-1]
+        return Block(ids, self.cache, mask=mask, logits="last")
 
-    def propose(self, state: DecodeState, controller: Controller, sampling: Sampling,
-                gen: torch.Generator) -> Proposal:
-        kmax = min(controller.max_draft(), state.draft_limit)
-        vocab = state.target.vocab_size
+    def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         # the first step catches up on every token the drafter has not processed (the pending one,
         # plus the verifier's correction or the last draft when all were accepted)
-        return draft(lambda ids: self._step(ids)[:vocab], state.tokens[self.cache.length :], kmax, controller,
-                     sampling, gen)
+        return DraftSteps(self.model, state.tokens[self.cache.length :], kmax, self._block,
+                          vocab=state.target.vocab_size)
 
     def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the

@@ -13,6 +13,7 @@ lookup drafts first each round and the drafter only where the lookup finds nothi
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +21,12 @@ from dataclasses import dataclass, field
 import torch
 
 from sparsespec.decoding.controllers import Controller, FixedK, RoundStats
-from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Proposal
+from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Proposal, draft
 from sparsespec.decoding.sampling import Sampling
-from sparsespec.decoding.verify import accept_greedy, accept_speculative
+from sparsespec.decoding.verify import accept_greedy_many, accept_speculative
 from sparsespec.kv.cache import KVCache
 from sparsespec.models.device import DeviceClock, to_device_ids
-from sparsespec.models.runner import CausalLM
+from sparsespec.models.runner import Block, CausalLM
 
 
 @dataclass
@@ -42,6 +43,9 @@ class GenerationResult:
     accepted: int = 0
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
     extra: dict = field(default_factory=dict)  # controller / view reports
+    batch_size: int = 1  # sequences decoded together (generate_batch)
+    # the tokens of the whole batch over the batch's decoding time (for one sequence: tokens_per_s)
+    aggregate_tokens_per_s: float | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -91,6 +95,21 @@ class GenerationResult:
         return sum(a + 1 for _, a in self.rounds) / len(self.rounds)
 
 
+@dataclass(eq=False)  # compared by identity
+class _Sequence:
+    """One sequence of a batch: its own state, parts (drafter, controller and lookup hold
+    per-sequence state), random generator and result."""
+
+    state: DecodeState
+    res: GenerationResult
+    gen: torch.Generator
+    drafter: Drafter | None
+    controller: Controller
+    lookup: PromptLookup | None
+    max_new: int
+    done: bool = False
+
+
 @dataclass
 class SpeculativeEngine:
     target: CausalLM
@@ -118,22 +137,94 @@ class SpeculativeEngine:
         runs; on return the cache holds the generated tokens too, `cache.crop` restores it.
         on_token: called with every output token as soon as it is verified (streaming).
         """
-        if max_new_tokens <= 0:
-            raise ValueError(f"gen.max_new_tokens must be positive, got {max_new_tokens}")
-        if not prompt_ids:
-            raise ValueError("empty prompt: nothing to condition on")
+        return self.generate_batch([prompt_ids], max_new_tokens, sampling, seed, eos_token_ids, progress,
+                                   [cache], None if on_token is None else lambda _, t: on_token(t))[0]
+
+    def generate_batch(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int | list[int],
+        sampling: Sampling | None = None,
+        seed: int | list[int] = 0,
+        eos_token_ids: tuple[int, ...] = (),
+        progress: Callable[[int], None] | None = None,
+        caches: list[KVCache | None] | None = None,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode several prompts together, one result per prompt, each exactly what `generate`
+        gives for that prompt alone (its own seed, draft lengths, KV view and rollback; the batch
+        only shares the forward passes). A sequence that finishes leaves the batch.
+
+        max_new_tokens, seed: one for all or one per prompt; caches: per prompt, as `generate`'s
+        cache; on_token(i, token): token of prompt i, as soon as it is verified."""
+        n = len(prompts)
+        if n == 0:
+            raise ValueError("no prompt to decode")
+        max_new = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        seeds = [seed] * n if isinstance(seed, int) else list(seed)
+        caches = list(caches) if caches is not None else [None] * n
+        if not len(max_new) == len(seeds) == len(caches) == n:
+            raise ValueError(f"{n} prompts need as many max_new_tokens, seeds and caches")
+        for m in max_new:
+            if m <= 0:
+                raise ValueError(f"gen.max_new_tokens must be positive, got {m}")
         sampling = sampling or Sampling()
         self._clock = DeviceClock(self.target.device)
-        gen = torch.Generator(device=self.target.device).manual_seed(seed)
-        target, drafter = self.target, self.drafter
+        parts = [(self.drafter, self.controller, self.lookup)] + [self._parts_for_another_sequence()
+                                                                   for _ in range(n - 1)]
+        seqs = [self._start(*args, sampling, progress) for args in zip(prompts, max_new, seeds, caches, parts, strict=True)]
+        eos = set(eos_token_ids)
+        for i, s in enumerate(seqs):
+            if on_token is not None:
+                on_token(i, s.res.output_ids[0])
+            s.done = s.max_new <= 1 or s.res.output_ids[0] in eos
+
+        t0 = time.perf_counter()
+        active = [s for s in seqs if not s.done]
+        while active:
+            self._round(active, sampling)
+            now = time.perf_counter()
+            for i, s in enumerate(seqs):
+                if s not in active:
+                    continue
+                self._emit(s, eos, None if on_token is None else lambda t, i=i: on_token(i, t))
+                if s.done:
+                    s.res.wall_s = now - t0
+            active = [s for s in active if not s.done]
+        batch_s = max(s.res.wall_s for s in seqs)  # until the last sequence finished
+        total = sum(s.res.new_tokens for s in seqs)
+        for s in seqs:
+            s.res.batch_size = n
+            s.res.aggregate_tokens_per_s = total / batch_s if batch_s > 0 else float("nan")
+            for part in (s.controller, s.drafter, s.lookup):
+                if part is not None:
+                    s.res.extra.update(part.report())
+        return [s.res for s in seqs]
+
+    def _parts_for_another_sequence(self) -> tuple[Drafter | None, Controller, PromptLookup | None]:
+        """Fresh copies of the drafter, controller and lookup for one more sequence of a batch: their
+        state (a recall index, a drafter cache, an entropy estimate) is per sequence. The models are
+        shared, not copied."""
+        memo = {id(self.target): self.target}
+        model = getattr(self.drafter, "model", None)
+        if model is not None:
+            memo[id(model)] = model
+        return copy.deepcopy((self.drafter, self.controller, self.lookup), memo)
+
+    def _start(self, prompt_ids, max_new, seed, cache, parts, sampling, progress) -> _Sequence:
+        """Prefill one prompt (into `cache` if given) and draw its first token."""
+        if not prompt_ids:
+            raise ValueError("empty prompt: nothing to condition on")
+        target = self.target
+        drafter, controller, lookup = parts
+        gen = torch.Generator(device=target.device).manual_seed(seed)
         if cache is None:
-            cache = target.new_cache(len(prompt_ids) + max_new_tokens + 64)
+            cache = target.new_cache(len(prompt_ids) + max_new + 64)
         done = cache.length
         if not 0 <= done < len(prompt_ids):
             raise ValueError(f"a reused cache must hold fewer tokens ({done}) than the prompt ({len(prompt_ids)})")
-
-        if self.lookup is not None:
-            self.lookup.looked_up = self.lookup.missed = 0
+        if lookup is not None:
+            lookup.looked_up = lookup.missed = 0
         t0 = time.perf_counter()
         capture = drafter.prefill_capture() if drafter else None
         logits = target.prefill(prompt_ids[done:], cache, self.prefill_chunk, capture=capture,
@@ -143,81 +234,104 @@ class SpeculativeEngine:
         if drafter:
             drafter.start(state)
         res = GenerationResult([first], len(prompt_ids), prefill_s=time.perf_counter() - t0, wall_s=0.0)
+        return _Sequence(state, res, gen, drafter, controller, lookup, max_new)
+
+    @staticmethod
+    def _emit(s: _Sequence, eos: set[int], on_token: Callable[[int], None] | None) -> None:
+        """Move a sequence's kept tokens into its output (cut after the first EOS, as AR would stop
+        there, and at max_new_tokens); mark it done."""
+        new = s.state.tokens[s.state.prompt_len :]
+        if eos and eos.intersection(new):
+            new = new[: next(i for i, t in enumerate(new) if t in eos) + 1]
+        emitted = len(s.res.output_ids)
+        s.res.output_ids = new[: s.max_new]
         if on_token is not None:
-            on_token(first)
+            for t in s.res.output_ids[emitted:]:
+                on_token(t)
+        s.done = len(s.res.output_ids) >= s.max_new or s.res.output_ids[-1] in eos
 
-        t0 = time.perf_counter()
-        eos = set(eos_token_ids)
-        while len(res.output_ids) < max_new_tokens and first not in eos:
-            remaining = max_new_tokens - len(res.output_ids)
-            first = self._round(state, res, remaining, sampling, gen)
-            new = state.tokens[state.prompt_len :]
-            if eos and eos.intersection(new):  # cut after the first EOS, as AR would stop there
-                stop = next(i for i, t in enumerate(new) if t in eos) + 1
-                new = new[:stop]
-                first = new[-1]
-            emitted = len(res.output_ids)
-            res.output_ids = new[:max_new_tokens]
-            if on_token is not None:
-                for t in res.output_ids[emitted:]:
-                    on_token(t)
-        res.wall_s = time.perf_counter() - t0
-        for part in (self.controller, drafter, self.lookup):
-            if part is not None:
-                res.extra.update(part.report())
-        return res
+    def _propose(self, seqs: list[_Sequence], sampling: Sampling) -> list[Proposal | None]:
+        """Each sequence's draft: prompt lookup first, else its drafter; the model drafters' steps of
+        all sequences run together (`draft`)."""
+        clock = self._clock
+        proposals: list[Proposal | None] = [None] * len(seqs)
+        steps = []
+        for j, s in enumerate(seqs):
+            remaining = s.max_new - len(s.res.output_ids)
+            if remaining <= 1:  # with one token left a draft can never be used: verify-only (an AR step)
+                continue
+            s.state.draft_limit = remaining - 1
+            if s.lookup is not None:
+                proposals[j] = s.lookup.propose(s.state, s.controller, sampling)
+            if proposals[j] is None and s.drafter is not None:
+                step = s.drafter.steps(s.state, min(s.controller.max_draft(), s.state.draft_limit))
+                if step is None:
+                    proposals[j] = s.drafter.propose(s.state, s.controller, sampling, s.gen)
+                else:
+                    steps.append((j, step))
+            if proposals[j] is not None:
+                proposals[j].done_at = clock.mark()
+        if steps:
+            made = draft([st for _, st in steps], [seqs[j].controller for j, _ in steps], sampling,
+                         [seqs[j].gen for j, _ in steps], clock)
+            for (j, _), p in zip(steps, made, strict=True):
+                proposals[j] = p
+        for s, p in zip(seqs, proposals, strict=True):
+            if p is not None:  # a drafter that ignores the limit still cannot emit past it
+                p.tokens = p.tokens[: s.state.draft_limit]
+                if p.q is not None:
+                    p.q = p.q[: len(p.tokens)]
+        return proposals
 
-    def _round(self, state: DecodeState, res: GenerationResult, remaining: int, sampling, gen) -> int:
-        """One draft-verify round; appends the kept tokens to state.tokens, returns the last one.
+    def _round(self, seqs: list[_Sequence], sampling: Sampling) -> None:
+        """One draft-verify round of every sequence in `seqs`; appends each one's kept tokens to its
+        state.tokens.
 
-        On the greedy path with a controller that reads no entropy, the host waits for the device
-        once per round: the draft stays on the device, and one read brings back the draft and the
-        target's tokens together for the acceptance decision (tests/test_syncs.py counts this)."""
-        target, cache, drafter, clock = state.target, state.cache, self.drafter, self._clock
-        length = cache.length
-        proposal: Proposal | None = None
+        On the greedy path with controllers that read no entropy, the host waits for the device
+        once per round: the drafts stay on the device, and one read brings back the drafts and the
+        target's tokens of every sequence together for the acceptance decisions
+        (tests/test_syncs.py counts this)."""
+        target, clock = self.target, self._clock
         start = clock.mark()
-        # with one token left a draft can never be used: verify-only (an AR step)
-        if remaining > 1:
-            state.draft_limit = remaining - 1
-            if self.lookup is not None:
-                proposal = self.lookup.propose(state, self.controller, sampling)
-            if proposal is None and drafter is not None:
-                proposal = drafter.propose(state, self.controller, sampling, gen)
-            if proposal is not None:  # a drafter that ignores the limit still cannot emit past it
-                proposal.tokens = proposal.tokens[: state.draft_limit]
-                if proposal.q is not None:
-                    proposal.q = proposal.q[: len(proposal.tokens)]
+        proposals = self._propose(seqs, sampling)
         drafted = clock.mark()
-        k = len(proposal) if proposal else 0
-        ids = to_device_ids([state.tokens[-1]], target.device)
-        if k:
-            ids = torch.cat([ids, to_device_ids(proposal.tokens, target.device)])
-
-        capture = drafter.verify_capture() if drafter else None
-        logits = target.forward(ids, cache, capture=capture)
+        blocks, lengths = [], []
+        for s, p in zip(seqs, proposals, strict=True):
+            ids = to_device_ids([s.state.tokens[-1]], target.device)
+            if p:
+                ids = torch.cat([ids, to_device_ids(p.tokens, target.device)])
+            lengths.append(s.state.cache.length)
+            blocks.append(Block(ids, s.state.cache, capture=s.drafter.verify_capture() if s.drafter else None))
+        logits = target.forward_many(blocks)
         if sampling.greedy:
-            n_acc, nxt, draft = accept_greedy(ids[1:], logits)
+            decisions = accept_greedy_many([b.ids[1:] for b in blocks], logits)
         else:
-            draft = ids[1:].tolist()
-            p = sampling.probs(logits)
-            n_acc, nxt = accept_speculative(ids[1:], proposal.q, p, gen) if k else (
-                0, int(torch.multinomial(p[0], 1, generator=gen)))
+            decisions = [self._accept_sampled(b.ids[1:], p, sampling.probs(lg), s.gen)
+                         for b, p, lg, s in zip(blocks, proposals, logits, seqs, strict=True)]
         verified = clock.mark()  # after the host read above: every mark before it is complete
-        cache.crop(length + 1 + n_acc)
         verify_s = clock.seconds(drafted, verified)
-        state.tokens.extend([*draft[:n_acc], nxt])
-        res.verify_s += verify_s
-        res.verify_steps += 1
-        if drafter is not None:  # also after a verify-only or lookup round: the index saw its query
-            drafter.on_verified(state, n_acc)
-        if proposal is not None:
-            proposal.seconds = clock.seconds(start, drafted)
-            res.draft_s += proposal.seconds
-            res.draft_steps += proposal.steps
-            res.drafted += k
-            res.accepted += n_acc
-            res.rounds.append((k, n_acc))
-            if proposal.controlled:
-                self.controller.observe(RoundStats(k, n_acc, proposal.entropies, proposal.seconds, verify_s))
-        return nxt
+        for s, p, (n_acc, nxt, tokens), length in zip(seqs, proposals, decisions, lengths, strict=True):
+            s.state.cache.crop(length + 1 + n_acc)
+            s.state.tokens.extend([*tokens[:n_acc], nxt])
+            res = s.res
+            res.verify_s += verify_s
+            res.verify_steps += 1
+            if s.drafter is not None:  # also after a verify-only or lookup round: the index saw its query
+                s.drafter.on_verified(s.state, n_acc)
+            if p is not None:
+                p.seconds = clock.seconds(start, p.done_at if p.done_at is not None else drafted)
+                res.draft_s += p.seconds
+                res.draft_steps += p.steps
+                res.drafted += len(p)
+                res.accepted += n_acc
+                res.rounds.append((len(p), n_acc))
+                if p.controlled:
+                    s.controller.observe(RoundStats(len(p), n_acc, p.entropies, p.seconds, verify_s))
+
+    @staticmethod
+    def _accept_sampled(draft: torch.Tensor, proposal: Proposal | None, p: torch.Tensor,
+                        gen: torch.Generator) -> tuple[int, int, list[int]]:
+        if not len(draft):
+            return 0, int(torch.multinomial(p[0], 1, generator=gen)), []
+        n_acc, nxt = accept_speculative(draft, proposal.q, p, gen)
+        return n_acc, nxt, draft.tolist()

@@ -13,19 +13,30 @@ import torch
 
 def accept_greedy(draft: torch.Tensor | list[int], target_logits: torch.Tensor) -> tuple[int, int, list[int]]:
     """draft: k tokens (a list, or a tensor on the logits' device); target_logits: [k + 1, V].
-    Returns (n_accepted, next_token, the draft as a list). A draft tensor comes back to the host in
-    the same read as the target's tokens: one wait for the device for the whole decision."""
-    target = target_logits.argmax(-1)
-    k = len(draft)
-    if isinstance(draft, torch.Tensor):
-        both = torch.cat([draft.to(target.device), target]).tolist()
-        draft, target = both[:k], both[k:]
-    else:
-        draft, target = list(draft), target.tolist()
-    n = 0
-    while n < k and draft[n] == target[n]:
-        n += 1
-    return n, target[n], draft
+    Returns (n_accepted, next_token, the draft as a list)."""
+    return accept_greedy_many([draft], [target_logits])[0]
+
+
+def accept_greedy_many(drafts: list[torch.Tensor | list[int]],
+                       target_logits: list[torch.Tensor]) -> list[tuple[int, int, list[int]]]:
+    """`accept_greedy` for each sequence of a batch. The drafts (on the device) and the target's
+    tokens of every sequence come back to the host in one read: one wait for the device per round,
+    whatever the batch size."""
+    targets = [logits.argmax(-1) for logits in target_logits]
+    parts = []
+    for d, t in zip(drafts, targets, strict=True):
+        parts += [torch.as_tensor(d, dtype=t.dtype).to(t.device), t]
+    flat = torch.cat(parts).tolist()
+    out, at = [], 0
+    for d in drafts:
+        k = len(d)
+        draft, target = flat[at : at + k], flat[at + k : at + 2 * k + 1]
+        at += 2 * k + 1
+        n = 0
+        while n < k and draft[n] == target[n]:
+            n += 1
+        out.append((n, target[n], draft))
+    return out
 
 
 def accept_speculative(

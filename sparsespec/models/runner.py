@@ -9,6 +9,7 @@ checks its logits against transformers' own forward for several families.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,19 @@ def sliding_window_message(window: int, tokens: int) -> str:
             f"whole cache, so at a context of {tokens} tokens (prompt + generation) the outputs would differ "
             f"from the model's. Run at a context of at most {window} tokens, or use a model without a "
             "sliding window")
+
+
+@dataclass
+class Block:
+    """One sequence's part of a forward pass: its new tokens and the cache they are appended to
+    (see `CausalLM.forward` for the other fields)."""
+
+    ids: torch.Tensor | list[int]
+    cache: KVCache
+    positions: torch.Tensor | list[int] | None = None
+    mask: torch.Tensor | None = None
+    capture: Capture | None = None
+    logits: str = "all"  # "all", "last" or "none"
 
 
 class CausalLM:
@@ -138,28 +152,57 @@ class CausalLM:
         Raises UnsupportedModelError if the cache would then hold more tokens than the model's
         sliding window (`applied_sliding_window`): past it our full attention is not the model's.
         """
-        ids = to_device_ids(ids, self.device)
-        n = ids.shape[0]
-        if self.sliding_window is not None and cache.length + n > self.sliding_window:
-            raise UnsupportedModelError(sliding_window_message(self.sliding_window, cache.length + n))
+        return self.forward_many([Block(ids, cache, positions, mask, capture, logits)])[0]
+
+    @torch.inference_mode()
+    def forward_many(self, blocks: list[Block]) -> list[torch.Tensor | None]:
+        """`forward` for several sequences at once, each block appended to its own cache.
+
+        The rows of every block are packed into one [rows, hidden] tensor, so each weight matrix is
+        read once for the whole batch (the point of batching: a decode step is bound by reading the
+        weights); attention runs per block over its own cache, with its own length, mask and capture.
+        Returns each block's logits as `forward` would.
+        """
+        ids = [to_device_ids(b.ids, self.device) for b in blocks]
+        ns = [t.shape[0] for t in ids]
+        positions = []
+        for b, n in zip(blocks, ns, strict=True):
+            if self.sliding_window is not None and b.cache.length + n > self.sliding_window:
+                raise UnsupportedModelError(sliding_window_message(self.sliding_window, b.cache.length + n))
+            b.cache.reserve(n)
+            positions.append(torch.arange(b.cache.length, b.cache.length + n, device=self.device)
+                             if b.positions is None else to_device_ids(b.positions, self.device))
         self.forward_calls += 1
-        cache.reserve(n)
-        if positions is None:
-            positions = torch.arange(cache.length, cache.length + n, device=self.device)
-        else:
-            positions = to_device_ids(positions, self.device)
-        x = self.embed(ids)[None]  # [1, n, hidden]
-        cos, sin = self.rotary(x, positions[None])
-        cos, sin = cos[0], sin[0]  # [n, D]
+        one = len(blocks) == 1
+        x = self.embed(ids[0] if one else torch.cat(ids))  # [rows, hidden]
+        cos, sin = self.rotary(x[None], (positions[0] if one else torch.cat(positions))[None])
+        cos, sin = cos[0], sin[0]  # [rows, D]
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(layer, i, _norm(layer.input_layernorm, x), cos, sin, cache, mask, capture)
+            x = x + self._attention(layer, i, _norm(layer.input_layernorm, x), cos, sin, blocks, ns)
             x = x + self._mlp(layer, i, _norm(layer.post_attention_layernorm, x))
-        cache.advance(n)
-        if logits == "none":
-            return None
-        if logits == "last":
-            x = x[:, -1:]
-        return self._logits(self.norm(x)[0])
+        for b, n in zip(blocks, ns, strict=True):
+            b.cache.advance(n)
+        return self._block_logits(x, blocks, ns)
+
+    def _block_logits(self, x: torch.Tensor, blocks: list[Block], ns: list[int]) -> list[torch.Tensor | None]:
+        """The rows each block asks logits for, through one lm_head product for all of them."""
+        rows, ends, end = [], [], 0
+        for b, n in zip(blocks, ns, strict=True):
+            end += n
+            if b.logits not in ("all", "last", "none"):
+                raise ValueError(f"logits={b.logits!r}: expected all, last or none")
+            rows.append(None if b.logits == "none" else (end - n, end) if b.logits == "all" else (end - 1, end))
+            ends.append(end)
+        wanted = [r for r in rows if r is not None]
+        if not wanted:
+            return [None] * len(blocks)
+        if len(wanted) == 1:
+            out = [self._logits(self.norm(x[wanted[0][0] : wanted[0][1]]))]
+        else:
+            idx = torch.cat([torch.arange(a, b, device=x.device) for a, b in wanted])
+            out = self._logits(self.norm(x.index_select(0, idx))).split([b - a for a, b in wanted])
+        it = iter(out)
+        return [None if r is None else next(it) for r in rows]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, V] from the final hidden states. In bf16/fp16 the product is taken in
@@ -181,24 +224,31 @@ class CausalLM:
         gate, up = F.linear(h, w).chunk(2, dim=-1)
         return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
-    def _attention(self, layer, i, h, cos, sin, cache, mask, capture):
+    def _attention(self, layer, i, h, cos, sin, blocks, ns):
         attn = layer.self_attn
-        n, hq = h.shape[1], self.n_heads
+        rows, hq, hkv = h.shape[0], self.n_heads, self.n_kv_heads
         w, b = self._qkv[i]
-        qkv = F.linear(h[0], w, b).view(n, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, n, D]
+        qkv = F.linear(h, w, b).view(rows, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, rows, D]
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
             q = attn.q_norm(qkv[:hq].transpose(0, 1)).transpose(0, 1)
-            k = attn.k_norm(qkv[hq : hq + self.n_kv_heads].transpose(0, 1)).transpose(0, 1)
+            k = attn.k_norm(qkv[hq : hq + hkv].transpose(0, 1)).transpose(0, 1)
             qk = torch.cat([q, k])
         else:
-            qk = qkv[: hq + self.n_kv_heads]
+            qk = qkv[: hq + hkv]
         qk = qk * cos + _rotate_half(qk) * sin  # q and k share one RoPE pass
-        q, k, v = qk[:hq], qk[hq:], qkv[hq + self.n_kv_heads :]
-        keys, values = cache.write(i, k, v)
-        out, lse = attend(q, keys, values, self.scale, mask, lse_rows=capture.last if capture else 0)
-        if capture is not None:
-            capture.observe(i, q[:, n - lse.shape[1] :], lse)
-        return attn.o_proj(out.transpose(0, 1).reshape(1, n, -1))
+        q, k, v = qk[:hq], qk[hq:], qkv[hq + hkv :]
+        outs, start = [], 0
+        for blk, n in zip(blocks, ns, strict=True):  # each sequence over its own cache
+            part = slice(start, start + n)
+            start += n
+            keys, values = blk.cache.write(i, k[:, part], v[:, part])
+            capture = blk.capture
+            out, lse = attend(q[:, part], keys, values, self.scale, blk.mask, lse_rows=capture.last if capture else 0)
+            if capture is not None:
+                capture.observe(i, q[:, part][:, n - lse.shape[1] :], lse)
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # [Hq, rows, D]
+        return attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
     def prefill(
         self,
