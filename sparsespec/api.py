@@ -5,6 +5,7 @@ command line.
     pipe = sparsespec.pipeline("sparsespec_l", model=None, drafter__policy__ratio=0.05)   # None: the embedded SmolLM2
     out = pipe.generate("Once upon a time", max_new_tokens=64, on_token=print)
     out.text, out.output_ids, out.acceptance_rate, out.tokens_per_s
+    outs = pipe.generate(["Once upon a time", "The river"], max_new_tokens=64)   # a batch: one Output each
 """
 
 from __future__ import annotations
@@ -38,25 +39,36 @@ class Pipeline:
     target: CausalLM
     drafter_model: CausalLM | None = None
 
-    def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, on_token: Callable[[int], Any] | None = None,
-                 chat: bool = False, stop_at_eos: bool = True) -> Output:
+    def generate(self, prompt: str | list[int] | list[str] | list[list[int]], max_new_tokens: int = 64,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 on_token: Callable[..., Any] | None = None, chat: bool = False,
+                 stop_at_eos: bool = True) -> Output | list[Output]:
         """Decode after `prompt` (a string, tokenized as it is unless chat=True applies the model's
-        chat template; or token ids). `on_token` gets each token id as soon as it is verified."""
+        chat template; or token ids). `on_token` gets each token id as soon as it is verified.
+
+        A list of prompts (strings, or lists of token ids) is decoded as one batch, each prompt
+        exactly as alone with the same seed; the result is a list of Outputs, and `on_token` gets
+        (prompt index, token id)."""
+        batch = isinstance(prompt, list | tuple) and bool(prompt) and not isinstance(prompt[0], int)
+        prompts = list(prompt) if batch else [prompt]
+        tok = self.loaded.tokenizer
+        ids = [self._ids(p, chat) for p in prompts]
+        eos = (tok.eos_token_id,) if stop_at_eos and tok.eos_token_id is not None else ()
+        engine = self.method.build(self.target, self.drafter_model)
+        stream = on_token if batch or on_token is None else (lambda _, t: on_token(t))
+        results = engine.generate_batch(ids, max_new_tokens, Sampling(temperature, top_p), seed=seed,
+                                        eos_token_ids=eos, on_token=stream)
+        outs = [Output(tok.decode(r.output_ids, skip_special_tokens=True), r.output_ids, r.acceptance_rate,
+                       r.tokens_per_s, r) for r in results]
+        return outs if batch else outs[0]
+
+    def _ids(self, prompt: str | list[int], chat: bool) -> list[int]:
         tok = self.loaded.tokenizer
         if isinstance(prompt, str):
             if chat:
-                ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            else:
-                ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        else:
-            ids = [int(t) for t in prompt]
-        eos = (tok.eos_token_id,) if stop_at_eos and tok.eos_token_id is not None else ()
-        engine = self.method.build(self.target, self.drafter_model)
-        res = engine.generate(ids, max_new_tokens, Sampling(temperature, top_p), seed=seed, eos_token_ids=eos,
-                              on_token=on_token)
-        return Output(tok.decode(res.output_ids, skip_special_tokens=True), res.output_ids, res.acceptance_rate,
-                      res.tokens_per_s, res)
+                return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            return tok(prompt, add_special_tokens=False)["input_ids"]
+        return [int(t) for t in prompt]
 
 
 def _override(key: str, value: Any) -> str:

@@ -28,9 +28,11 @@ WANDB_HOST = "api.wandb.ai"
 # result fields logged per sample (numbers, plus the identifying columns)
 ROW_KEYS = ("sample_id", "dataset", "method", "ctx", "prompt_tokens", "new_tokens", "prefill_s", "wall_s",
             "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "draft_steps", "verify_steps",
-            "speedup", "gamma", "k_mean", "predicted_speedup", "exact_match_ar", "score")
+            "speedup", "gamma", "k_mean", "predicted_speedup", "exact_match_ar", "score", "batch_size",
+            "aggregate_tokens_per_s", "aggregate_speedup")
 SUMMARY_METRICS = ("speedup", "tokens_per_s", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
-                   "predicted_speedup", "exact_match_ar", "score", "wall_s", "prefill_s")
+                   "predicted_speedup", "exact_match_ar", "score", "wall_s", "prefill_s", "aggregate_tokens_per_s",
+                   "aggregate_speedup")
 
 
 # --- mode: offline unless configured, never a prompt ---

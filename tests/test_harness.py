@@ -280,6 +280,8 @@ def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
                                            "tokenizer differs from the target's"),
         "small-model method without drafter": (["method=sd_sparse"], "drafter.path=DIR"),
         "gen.max_new_tokens=0": (["gen.max_new_tokens=0"], "gen.max_new_tokens=0"),
+        "gen.batch_size=0": (["gen.batch_size=0"], "gen.batch_size=0"),
+        "gen.batch_size not an integer": (["gen.batch_size=two"], "gen.batch_size"),
     }
 
 
@@ -500,6 +502,30 @@ def test_build_report_in_process_matches_summarize(tmp_path):
     assert report["summary"] == summarize(rows)
     assert [Path(p).name for p in report["plots"]] == list(PLOTS)
     assert "| magicdec | pg19 | 4k | 1 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_batched_evaluation_writes_the_rows_of_batch_size_one(env, tmp_path):
+    """gen.batch_size=4: four samples decoded together per method, each row's greedy output equal
+    to the unbatched run's; rows and summary report the batch and its aggregate throughput against
+    batched ar; a batch larger than the samples shrinks to them."""
+    methods = ("ar", "sparsespec_l", "magicdec")
+    alone = run_inproc(env, tmp_path / "b1", "limit=4", methods=methods)
+    out = tmp_path / "b4"
+    proc = run_evaluate(env, out, "method=[ar,sparsespec_l,magicdec]", "limit=4", "gen.batch_size=4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    batched = read_rows(out / "results.jsonl")
+    assert pairs(batched) == [(f"text/doc{i}", m) for m in methods for i in range(4)]  # a batch per method
+    by = {(r["sample_id"], r["method"]): r for r in alone}
+    for r in batched:
+        assert r["output_ids"] == by[(r["sample_id"], r["method"])]["output_ids"], (r["sample_id"], r["method"])
+        assert r["batch_size"] == 4 and r["aggregate_tokens_per_s"] > 0 and r["exact_match_ar"] is True
+        assert (r["aggregate_speedup"] is None) == (r["method"] == "ar")
+    assert all(r["batch_size"] == 1 and r["aggregate_tokens_per_s"] == pytest.approx(r["tokens_per_s"]) for r in alone)
+    md = (out / "summary.md").read_text()
+    assert "| B | aggregate tokens/s | aggregate vs ar |" in md and "| sparsespec_l | text | 192 | 4 |" in md
+    assert "in batches of 4" in md and "batched ar's" in md
+    shrunk = run_inproc(env, tmp_path / "b8", "limit=2", "gen.batch_size=8", methods=("ar",))
+    assert [r["batch_size"] for r in shrunk] == [2, 2]
 
 
 def test_shared_prefill_runs_the_prompt_once_and_changes_nothing(env, tmp_path, monkeypatch):

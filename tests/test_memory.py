@@ -154,3 +154,20 @@ def test_estimate_is_within_25_percent_of_the_measured_peak_rss():
         r = json.loads(out.strip().splitlines()[-1])
         assert r["measured"] > 64 * MiB, r  # the run, not the interpreter's noise, is what is measured
         assert abs(r["estimate"] - r["measured"]) <= 0.25 * r["measured"], (name, r)
+
+
+def test_a_batch_holds_its_caches_per_sequence_and_a_refusal_names_the_batch_that_fits(monkeypatch):
+    """B sequences hold B target caches and B recall indexes (prefill transients do not grow: prompts
+    are prefilled one at a time); a batch that does not fit is refused with the largest that does."""
+    target = tiny_lm("llama", max_position_embeddings=1 << 16)
+    one = memory.estimate_bytes(target, 30_000, [SPARSESPEC_L], None, 256)
+    four = memory.estimate_bytes(target, 30_000, [SPARSESPEC_L], None, 256, batch_size=4)
+    held = one["target KV cache"] + one["RecallIndex"]
+    assert four.needed >= one.needed + 3 * held
+    assert "target KV cache 4 x" in four.describe()
+    avail = (memory.estimate_bytes(target, 30_000, [SPARSESPEC_L], None, 256, batch_size=2).needed
+             + held // 2) / 0.85  # room for 2 sequences, not for 3
+    monkeypatch.setattr(memory, "available_bytes", lambda device: avail)
+    with pytest.raises(MemoryError, match=r"gen\.batch_size=2 \(the largest batch that fits\)"):
+        memory.check_memory(target, 30_000, [SPARSESPEC_L], None, 256, batch_size=4)
+    assert memory.check_memory(target, 30_000, [SPARSESPEC_L], None, 256, batch_size=2).batch_size == 2

@@ -61,6 +61,12 @@ def test_a_users_kv_policy_through_the_python_api(env, tmp_path, monkeypatch):  
     out = pipe.generate(prompt, max_new_tokens=24, on_token=streamed.append, stop_at_eos=False)
     assert out.output_ids == ar.generate(prompt, max_new_tokens=24, stop_at_eos=False).output_ids
     assert streamed == out.output_ids and len(out.output_ids) == 24 and out.acceptance_rate is not None
+    # a list of prompts is one batch: an output per prompt, each the one it gets alone
+    other = list(range(40, 250))
+    got = []
+    outs = pipe.generate([prompt, other], max_new_tokens=24, stop_at_eos=False, on_token=lambda i, t: got.append(i))
+    assert [o.output_ids for o in outs] == [out.output_ids, ar.generate(other, 24, stop_at_eos=False).output_ids]
+    assert outs[0].result.batch_size == 2 and sorted(set(got)) == [0, 1] and len(got) == 48
 
 
 def test_a_policy_whose_score_has_the_wrong_shape_is_named(env, tmp_path, monkeypatch):  # noqa: F811

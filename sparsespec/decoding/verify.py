@@ -25,7 +25,7 @@ def accept_greedy_many(drafts: list[torch.Tensor | list[int]],
     targets = [logits.argmax(-1) for logits in target_logits]
     parts = []
     for d, t in zip(drafts, targets, strict=True):
-        parts += [torch.as_tensor(d, dtype=t.dtype).to(t.device), t]
+        parts += [d.to(t.device) if isinstance(d, torch.Tensor) else torch.tensor(d, dtype=t.dtype, device=t.device), t]
     flat = torch.cat(parts).tolist()
     out, at = [], 0
     for d in drafts:

@@ -272,11 +272,12 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
         drafter_model = _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer,
                                       ModelLoadError, drafter_dtype, device)
 
+    batch_size = min(int(cfg.gen.batch_size), len(samples))  # a batch larger than the samples shrinks to them
     from sparsespec.eval.memory import check_memory
 
     if cfg.runtime.memory_guard:
         check_memory(target, ctx + max_new, methods, drafter_model, cfg.runtime.prefill_chunk,
-                     EvaluationError, new_tokens=max_new)
+                     EvaluationError, new_tokens=max_new, batch_size=batch_size)
 
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,31 +304,25 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
     progress = bool(cfg.runtime.progress)
     bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc="evaluate", disable=not progress, unit="run")
     shared = SharedPrefill(target, chunk, enabled=bool(cfg.runtime.get("share_prefill", True)))
-    for sample, method in todo:
-        bar.set_postfix_str(f"{sample.sample_id} {method.name}")
-        n_new = max_new
-        if cfg.gen.get("use_task_length") and sample.max_new_tokens:
-            n_new = min(max_new, int(sample.max_new_tokens))
-        row = _run_one(method, sample, target, drafter_model, n_new, sampling, cfg, eos, chunk,
-                       progress and sample.prompt_tokens > 2 * chunk, shared)
-        row["ctx"] = ctx
-        row["method_config"] = method.as_dict()
-        ar_row = results.done(sample.sample_id, "ar")
-        if ar_row is not None and method.name != "ar":
-            row["speedup"] = ar_row["wall_s"] / row["wall_s"] if row["wall_s"] > 0 else None
-            row["exact_match_ar"] = (row["output_ids"] == ar_row["output_ids"]) if sampling.greedy else None
-        elif method.name == "ar":
-            row["exact_match_ar"] = True if sampling.greedy else None
-        # Every method decodes the same number of tokens (gen.stop_at_eos=false) so speeds compare;
-        # the answer that is scored ends where the model ended its turn, at the first EOS.
-        row["text"], after = answer_text(tokenizer, row["output_ids"], stop_ids)
-        if after is not None:
-            row["text_after_eos"] = after
-        row["score"] = score(sample, row["text"]) if sample.answers else None
-        results.append(row)
-        bar.update(1)
-        if row.get("exact_match_ar") is False:
-            log.error("%s on %s is NOT identical to ar: a correctness bug", method.name, sample.sample_id)
+    for batch in [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]:
+        shared.hold(batch)
+        for method in methods:
+            pending = [s for s in batch if results.done(s.sample_id, method.name) is None]
+            if not pending:
+                continue
+            bar.set_postfix_str(f"{pending[0].sample_id}{f' +{len(pending) - 1}' if len(pending) > 1 else ''} "
+                                f"{method.name}")
+            n_new = [min(max_new, int(s.max_new_tokens)) if cfg.gen.get("use_task_length") and s.max_new_tokens
+                     else max_new for s in pending]
+            show = progress and sum(s.prompt_tokens for s in pending) > 2 * chunk
+            rows = _run_batch(method, pending, target, drafter_model, n_new, sampling, cfg, eos, chunk, show, shared)
+            for sample, row in zip(pending, rows, strict=True):
+                _finish_row(row, sample, method, ctx, results.done(sample.sample_id, "ar"), sampling, tokenizer,
+                            stop_ids, score)
+                results.append(row)
+                bar.update(1)
+                if row.get("exact_match_ar") is False:
+                    log.error("%s on %s is NOT identical to ar: a correctness bug", method.name, sample.sample_id)
     bar.close()
     rows, files, reports = _write_summary(out_dir, results)
     print(to_markdown(reports["summary"]))
@@ -373,26 +368,56 @@ def _prefill_bar(n_tokens: int, label: str):
     return tqdm(total=n_tokens, desc=f"prefill {label}", unit="tok", leave=False)
 
 
-def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos, chunk, show_prefill=False,
-             shared: SharedPrefill | None = None) -> dict:
+def _finish_row(row: dict, sample, method: Method, ctx: int, ar_row: dict | None, sampling: Sampling, tokenizer,
+                stop_ids: set[int], score) -> None:
+    """What a row gets from outside its run: the pairing with ar's row of the same sample (speedup,
+    token identity), the answer text and its score."""
+    row["ctx"] = ctx
+    row["method_config"] = method.as_dict()
+    if ar_row is not None and method.name != "ar":
+        row["speedup"] = ar_row["wall_s"] / row["wall_s"] if row["wall_s"] > 0 else None
+        agg, ar_agg = row.get("aggregate_tokens_per_s"), ar_row.get("aggregate_tokens_per_s")
+        row["aggregate_speedup"] = agg / ar_agg if agg and ar_agg else None
+        row["exact_match_ar"] = (row["output_ids"] == ar_row["output_ids"]) if sampling.greedy else None
+    elif method.name == "ar":
+        row["exact_match_ar"] = True if sampling.greedy else None
+    # Every method decodes the same number of tokens (gen.stop_at_eos=false) so speeds compare;
+    # the answer that is scored ends where the model ended its turn, at the first EOS.
+    row["text"], after = answer_text(tokenizer, row["output_ids"], stop_ids)
+    if after is not None:
+        row["text_after_eos"] = after
+    row["score"] = score(sample, row["text"]) if sample.answers else None
+
+
+def _run_batch(method, samples, target, drafter_model, max_new: list[int], sampling, cfg, eos, chunk,
+               show_prefill=False, shared: SharedPrefill | None = None) -> list[dict]:
+    """One method on a batch of samples decoded together (runtime.repeats times): a row per sample."""
     runs = []
     for rep in range(max(int(cfg.runtime.repeats), 1)):
         engine = method.build(target, drafter_model, chunk)
-        bar = _prefill_bar(sample.prompt_tokens, method.name) if show_prefill else None
+        bar = _prefill_bar(sum(s.prompt_tokens for s in samples), method.name) if show_prefill else None
         try:
-            cache, shared_s = shared.get(sample, max_new, bar) if shared is not None else (None, 0.0)
-            head = cache.length if cache is not None else 0
-            res = engine.generate(sample.prompt_ids, max_new, sampling, seed=int(cfg.gen.seed), eos_token_ids=eos,
-                                  progress=bar.update if bar is not None else None, cache=cache)
-            if cache is not None:
-                cache.crop(head)
-                res.prefill_s += shared_s
+            got = [shared.get(s, n, bar) if shared is not None else (None, 0.0)
+                   for s, n in zip(samples, max_new, strict=True)]
+            heads = [c.length if c is not None else 0 for c, _ in got]
+            res = engine.generate_batch([s.prompt_ids for s in samples], max_new, sampling, seed=int(cfg.gen.seed),
+                                        eos_token_ids=eos, progress=bar.update if bar is not None else None,
+                                        caches=[c for c, _ in got])
+            for r, (cache, shared_s), head in zip(res, got, heads, strict=True):
+                if cache is not None:
+                    cache.crop(head)
+                    r.prefill_s += shared_s
         finally:
             if bar is not None:
                 bar.close()
         runs.append(res)
-        if rep and res.output_ids != runs[0].output_ids and sampling.greedy:
+        if rep and sampling.greedy and any(a.output_ids != b.output_ids for a, b in zip(res, runs[0], strict=True)):
             log.error("%s gave different greedy outputs across repeats", method.name)
+    return [_row(method, sample, [r[i] for r in runs], engine, sampling, cfg) for i, sample in enumerate(samples)]
+
+
+def _row(method, sample, runs, engine, sampling, cfg) -> dict:
+    """A sample's row from its runs (repeats) of one method."""
     res = runs[0]
     walls = [r.wall_s for r in runs]
     wall = statistics.fmean(walls)
@@ -411,11 +436,15 @@ def _run_one(method, sample, target, drafter_model, max_new, sampling, cfg, eos,
         "wall_s": wall,
         "wall_s_std": statistics.stdev(walls) if len(walls) > 1 else 0.0,
         "tokens_per_s": res.new_tokens / wall if wall > 0 else None,
+        "batch_size": res.batch_size,
+        # the whole batch's tokens over its decoding time (for one sequence: tokens_per_s)
+        "aggregate_tokens_per_s": statistics.fmean(r.aggregate_tokens_per_s for r in runs),
         "acceptance_rate": res.acceptance_rate if method.speculative else None,
         "mean_accepted_tokens": res.mean_accepted_tokens if method.speculative else None,
         "draft_steps": res.draft_steps,
         "verify_steps": res.verify_steps,
         "speedup": None,
+        "aggregate_speedup": None,  # the batch's aggregate throughput over batched ar's (filled when paired)
         "draft_s": res.draft_s,
         "verify_s": res.verify_s,
         "overhead_s": res.overhead_s,

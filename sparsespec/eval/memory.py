@@ -200,6 +200,7 @@ class Part:
     phase: str  # one of PHASES
     held: bool
     largest: int = 0  # a transient's largest single tensor (for the host allocator's slack)
+    per_sequence: bool = True  # a batch of B sequences holds B of it (a decode step's transient: B times the rows)
 
 
 @dataclass
@@ -213,6 +214,12 @@ class MemoryEstimate:
     parts: list[Part] = field(default_factory=list)
     resident: dict[str, int] = field(default_factory=dict)
     weights_loaded: bool = True
+    batch_size: int = 1  # sequences decoded together: each holds its own caches and index
+
+    def _bytes(self, part: Part) -> int:
+        # prefill runs one sequence at a time: its transients do not scale with the batch
+        scaled = part.per_sequence and (part.held or part.phase == "decode")
+        return part.nbytes * (self.batch_size if scaled else 1)
 
     def phase_bytes(self, phase: str) -> tuple[list[Part], Part | None]:
         """(held parts alive in `phase`, its largest transient)."""
@@ -227,7 +234,7 @@ class MemoryEstimate:
 
     def _phase_total(self, phase: str) -> int:
         held, top = self.phase_bytes(phase)
-        return sum(p.nbytes for p in held) + (top.nbytes if top else 0)
+        return sum(self._bytes(p) for p in held) + (self._bytes(top) if top else 0)
 
     @property
     def peak(self) -> int:
@@ -248,9 +255,14 @@ class MemoryEstimate:
     def describe(self) -> str:
         """The peak in one line: the held parts alive then, the phase's largest transient, the weights."""
         held, top = self.phase_bytes(self.peak_phase)
-        items = [f"{p.name} {p.nbytes / GiB:.2f} GiB" for p in held]
+
+        def size(p: Part) -> str:
+            n = self._bytes(p) // p.nbytes if p.nbytes else 1
+            return f"{n} x {p.nbytes / GiB:.2f} GiB" if n > 1 else f"{p.nbytes / GiB:.2f} GiB"
+
+        items = [f"{p.name} {size(p)}" for p in held]
         if top is not None and top.nbytes:
-            items.append(f"{top.name} {top.nbytes / GiB:.2f} GiB (transient)")
+            items.append(f"{top.name} {size(top)} (transient)")
         weights = sum(self.resident.values())
         if weights:
             items.append(f"weights {weights / GiB:.2f} GiB" + (" (loaded, not counted)" if self.weights_loaded else ""))
@@ -322,7 +334,7 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
 
 
 def estimate_bytes(target: CausalLM, tokens: int, methods: list[Any], drafter: CausalLM | None, chunk: int,
-                   new_tokens: int | None = None, weights_loaded: bool = True) -> MemoryEstimate:
+                   new_tokens: int | None = None, weights_loaded: bool = True, batch_size: int = 1) -> MemoryEstimate:
     """What a run of `methods` allocates on the target's device at a context of `tokens` (prompt +
     new tokens; `new_tokens` of them generated), prefilled in chunks of `chunk` tokens, by part.
     Each method's parts are asked for their own memory (`Drafter.memory_bytes`, its policy's budget
@@ -346,9 +358,10 @@ def estimate_bytes(target: CausalLM, tokens: int, methods: list[Any], drafter: C
             # from none to about twice the largest transient tensor; the middle is counted
             # (docs/reliability.md has the measured spread; the guard's headroom covers the rest).
             largest = max((p.largest for p in parts), default=0)
-            parts.append(Part("host allocator slack", min(largest, _MMAP_THRESHOLD_MAX), "prefill", True))
+            parts.append(Part("host allocator slack", min(largest, _MMAP_THRESHOLD_MAX), "prefill", True,
+                              per_sequence=False))
         est = MemoryEstimate(str(target.device), getattr(method, "name", None), [target_kv, *parts], resident,
-                             weights_loaded)
+                             weights_loaded, batch_size)
         if best is None or est.needed > best.needed:
             best = est
     assert best is not None
@@ -357,18 +370,24 @@ def estimate_bytes(target: CausalLM, tokens: int, methods: list[Any], drafter: C
 
 def check_memory(target: CausalLM, tokens: int, methods: list[Any], drafter: CausalLM | None, chunk: int,
                  error: type[BaseException] = MemoryError, headroom: float = 0.85, new_tokens: int | None = None,
-                 weights_loaded: bool = True) -> MemoryEstimate:
+                 weights_loaded: bool = True, batch_size: int = 1) -> MemoryEstimate:
     """Raise `error` with one line (the estimate by part, what the device has available, the fixes)
-    when the run would need more than `headroom` of the available memory; else return the estimate."""
-    est = estimate_bytes(target, tokens, methods, drafter, chunk, new_tokens, weights_loaded)
+    when the run would need more than `headroom` of the available memory; else return the estimate.
+    With batch_size > 1 the fix names the largest batch that fits."""
+    est = estimate_bytes(target, tokens, methods, drafter, chunk, new_tokens, weights_loaded, batch_size)
     avail = available_bytes(target.device)
     if est.needed > headroom * avail:
         where = f"{target.device}" + (" (GPU memory)" if target.device.type == "cuda" else " (host RAM)")
         fewer = f"fewer methods ({est.method} needs the most), " if est.method and len(methods) > 1 else ""
         kv = "model.dtype=bfloat16 (halves the KV cache), " if target.dtype == torch.float32 else ""
+        fits = next((b for b in range(batch_size - 1, 0, -1)
+                     if estimate_bytes(target, tokens, methods, drafter, chunk, new_tokens, weights_loaded,
+                                       b).needed <= headroom * avail), None)
+        batch = (f"gen.batch_size={fits} (the largest batch that fits), " if fits else
+                 "gen.batch_size=1, " if batch_size > 1 else "")
         raise error(
             f"this run needs about {est.needed / GiB:.2f} GiB on {where} but {avail / GiB:.2f} GiB is available "
-            f"there (the guard uses at most {headroom:.0%} of it); {est.describe()}. To fit: a smaller ctx, "
+            f"there (the guard uses at most {headroom:.0%} of it); {est.describe()}. To fit: {batch}a smaller ctx, "
             f"{fewer}a smaller runtime.prefill_chunk (the prefill transients), {kv}a device with more memory, or "
             "runtime.memory_guard=false to skip this check"
         )

@@ -52,9 +52,11 @@ class GenConfig:
     seed: int = MISSING
     stop_at_eos: bool = MISSING
     use_task_length: bool = MISSING
+    batch_size: int = MISSING
 
     def __post_init__(self) -> None:
         positive("gen.max_new_tokens", self.max_new_tokens, int)
+        positive("gen.batch_size", self.batch_size, int)
         require(number("gen.temperature", self.temperature) >= 0, "gen.temperature", self.temperature,
                 ">= 0 (0 = greedy, > 0 = sampling)")
         require(0 < number("gen.top_p", self.top_p) <= 1, "gen.top_p", self.top_p, "(0, 1]")

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 METRICS = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
            "predicted_speedup", "prefill_s", "wall_s", "score", "exact_match_ar", "budget_tokens", "prompt_tokens",
-           "new_tokens")
+           "new_tokens", "aggregate_tokens_per_s", "aggregate_speedup")
 PLOTS = ("speedup_vs_ctx.png", "acceptance_vs_ctx.png", "acceptance_vs_budget.png", "accepted_hist.png")
 _NOT_VARIANT = ("name", "_target_")
 
@@ -82,14 +82,20 @@ def dataset_label(entry: dict) -> str:
     return f"{entry['dataset']}/{entry['task']}" if entry.get("task") else str(entry["dataset"])
 
 
+def batch_size(row: dict) -> int:
+    """Sequences decoded together in the row's run (rows written before batching: 1)."""
+    return int(row.get("batch_size") or 1)
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r, variant in zip(rows, variants(rows), strict=True):
-        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"], r["method"] != "ar", r["method"], variant)].append(r)
+        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"], batch_size(r), r["method"] != "ar",
+                r["method"], variant)].append(r)
     out = []
-    for (dataset, task, ctx, _, method, variant), rs in sorted(groups.items(), key=lambda kv: kv[0]):
+    for (dataset, task, ctx, b, _, method, variant), rs in sorted(groups.items(), key=lambda kv: kv[0]):
         entry = {"method": method, "variant": variant, "dataset": dataset, "task": task or None, "ctx": ctx,
-                 "n": len(rs)}
+                 "batch_size": b, "n": len(rs)}
         for m in METRICS:
             entry[m] = _stats([r.get(m) for r in rs])
         out.append(entry)
@@ -103,13 +109,20 @@ def _fmt(s: dict | None, digits: int = 2) -> str:
 
 
 def to_markdown(summary: list[dict]) -> str:
-    head = ("| method | dataset | ctx | n | tokens/s | speedup vs ar | α (acceptance) | τ (tokens/round) "
+    """The summary table; with batched rows, the batch size and the batch's aggregate throughput
+    against batched ar's at the same batch size as well."""
+    batched = any(e.get("batch_size", 1) > 1 for e in summary)
+    extra = ("| B | aggregate tokens/s | aggregate vs ar ", "|---|---|---") if batched else ("", "")
+    head = (f"| method | dataset | ctx {extra[0]}| n | tokens/s | speedup vs ar | α (acceptance) | τ (tokens/round) "
             "| γ | k | predicted S | identical to ar | score |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for e in summary:
+        cols = (f"| {e.get('batch_size', 1)} | {_fmt(e.get('aggregate_tokens_per_s'))} | "
+                f"{_fmt(e.get('aggregate_speedup'))} ") if batched else ""
         lines.append(
-            f"| {method_label(e)} | {dataset_label(e)} | {ctx_label(e['ctx'])} | {e['n']} | {_fmt(e['tokens_per_s'])} "
+            f"| {method_label(e)} | {dataset_label(e)} | {ctx_label(e['ctx'])} {cols}| {e['n']} "
+            f"| {_fmt(e['tokens_per_s'])} "
             f"| {_fmt(e['speedup'])} | {_fmt(e['acceptance_rate'])} | {_fmt(e['mean_accepted_tokens'])} "
             f"| {_fmt(e['gamma'], 3)} | {_fmt(e['k_mean'], 1)} | {_fmt(e['predicted_speedup'])} "
             f"| {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
@@ -144,10 +157,11 @@ def headline(rows: list[dict]) -> list[str]:
     out = []
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"])].append(r)
-    for (dataset, task, ctx), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        groups[(str(r["dataset"]), str(r.get("task") or ""), r["ctx"], batch_size(r))].append(r)
+    for (dataset, task, ctx, b), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         ar = {r["sample_id"]: r for r in rs if r["method"] == "ar"}
-        where = f"{dataset}{'/' + task if task else ''} at {ctx_label(ctx)} context"
+        where = f"{dataset}{'/' + task if task else ''} at {ctx_label(ctx)} context" + (
+            f" in batches of {b}" if b > 1 else "")
         for method in dict.fromkeys(r["method"] for r in rs if r["method"] != "ar"):
             mine = [r for r in rs if r["method"] == method and r["sample_id"] in ar and r.get("speedup")]
             if not mine:
@@ -161,6 +175,10 @@ def headline(rows: list[dict]) -> list[str]:
             n = len(mine)
             text = (f"On {where} ({n} sample{'s' if n > 1 else ''}), {method} decoded "
                     f"{tok_s:.1f} tokens/s against ar's {ar_tok_s:.1f}: {speedup:.2f}× ar, {verdict} ar.")
+            agg = _mean(r.get("aggregate_speedup") for r in mine)
+            if b > 1 and agg is not None:
+                text += (f" The batch as a whole decoded {_mean(r['aggregate_tokens_per_s'] for r in mine):.1f} tokens/s "
+                         f"against batched ar's {_mean(r['aggregate_tokens_per_s'] for r in paired):.1f}: {agg:.2f}× ar.")
             k, alpha, tau = (_mean(r.get(key) for r in mine) for key in ("k_mean", "acceptance_rate",
                                                                          "mean_accepted_tokens"))
             if k is not None and tau is not None:

@@ -1,0 +1,73 @@
+"""Batched decoding: aggregate tokens/s of ar, magicdec and sparsespec_l at several contexts and
+batch sizes, on windows of the held-out PG-19 books, on the embedded model in float32.
+
+    python scripts/batching.py --ctx 4k,16k --batch 1,2,4,8 --new-tokens 48 --repeats 2 --json results/batching.json
+
+Each finished (ctx, batch) is kept in JSON.partial.jsonl; `--resume` picks a stopped run up there.
+The measurement and the table are sparsespec.reports.batching; docs/benchmarks.md renders the saved
+report (`python scripts/docs.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sparsespec.config import parse_ctx  # noqa: E402
+from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
+from sparsespec.reports.batching import markdown  # noqa: E402
+
+log = logging.getLogger("batching")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ctx", default="4k,16k,32k", help="comma-separated context lengths")
+    p.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--resume", action="store_true", help="reuse the finished cells in JSON.partial.jsonl")
+    return p.parse_args(argv)
+
+
+@exit_on_error
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        ctxs = [parse_ctx(c) for c in args.ctx.split(",")]
+        batches = sorted({int(b) for b in args.batch.split(",")})
+    except ValueError as e:
+        raise ReportError(f"--ctx / --batch: {e}") from None
+    if not batches or min(batches) < 1 or args.new_tokens < 2 or args.repeats < 1:
+        raise ReportError("--batch takes positive sizes, --new-tokens at least 2, --repeats at least 1")
+    import torch
+
+    from sparsespec.reports.batching import measure
+    from sparsespec.reports.checkpoint import Checkpoint
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    settings = {"ctx": ctxs, "new_tokens": args.new_tokens, "repeats": args.repeats, "data": args.data}
+    checkpoint = Checkpoint.open(args.json, settings, args.resume)
+    report = {"args": vars(args), **measure(ctxs, batches, args.new_tokens, args.repeats, args.data, checkpoint,
+                                            log.info),
+              "command": "python scripts/batching.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    checkpoint.close()
+    return report
+
+
+if __name__ == "__main__":
+    main()
