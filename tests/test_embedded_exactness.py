@@ -56,13 +56,13 @@ def test_target_as_its_own_model_drafter_is_always_accepted_on_smollm2(smollm2):
 
 @pytest.mark.embedded
 def test_a_batch_of_book_prompts_is_exact_on_smollm2(smollm2):
-    """Batched on the real model: three prompts of different lengths, each sequence's greedy output
-    that prompt's own ar output (the packed forward must not move a near-tie)."""
-    lm, prompt, ar = smollm2
-    prompts = [prompt, prompt[:700], prompt[200:900]]
-    alone = [ar] + [SpeculativeEngine(lm).generate(p, NEW_TOKENS).output_ids for p in prompts[1:]]
-    assert [r.output_ids for r in SpeculativeEngine(lm).generate_batch(prompts, NEW_TOKENS)] == alone
-    for name, over in (("sparsespec_l", ["method.drafter.policy.ratio=0.05"]), ("magicdec", ["method.drafter.policy.budget=64"])):
-        res = shipped_method(name, over).build(lm).generate_batch(prompts, NEW_TOKENS)
-        assert [r.output_ids for r in res] == alone, name
-        assert sum(r.drafted for r in res) > sum(r.accepted for r in res) > 0
+    """Batched on the real model: three prompts of different lengths decoded together by sparsespec_l,
+    each sequence's greedy output that prompt's own ar output (the packed forward must not move a
+    near-tie)."""
+    lm, prompt, _ = smollm2
+    prompts = [prompt[:400], prompt[400:650], prompt[650:1000]]
+    alone = [SpeculativeEngine(lm).generate(p, NEW_TOKENS).output_ids for p in prompts]
+    res = shipped_method("sparsespec_l", ["method.drafter.policy.ratio=0.05"]).build(lm).generate_batch(prompts,
+                                                                                                       NEW_TOKENS)
+    assert [r.output_ids for r in res] == alone
+    assert sum(r.drafted for r in res) > sum(r.accepted for r in res) > 0

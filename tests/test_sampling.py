@@ -51,6 +51,9 @@ def test_top_p_and_temperature_apply_to_both():
     torch.testing.assert_close(probs[:2], kept)
 
 
+BATCH = 100  # sequences decoded together in the distribution tests
+
+
 def exact_marginals(target, prompt, steps, sampling):
     """Exact per-position marginals of AR sampling by enumeration (tiny vocabulary)."""
     V = target.vocab_size
@@ -94,10 +97,13 @@ def test_engine_sampling_matches_target_marginals(family):
                           (lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1)), lambda: FixedK(2)),
                           recall, lookup):
         counts = torch.zeros(steps, V)
-        for seed in range(n):
+        # the n draws decoded as batches, one seed per sequence (a sequence's draw is the one its seed
+        # gives alone, tests/test_batch.py): so this is also the distribution of batched sampling
+        for seeds in torch.arange(n).split(BATCH):
             copy = PromptLookup(1) if make is lookup[0] else None
-            res = SpeculativeEngine(target, make(), control(), lookup=copy).generate(prompt, steps, sampling, seed=seed)
-            for i, t in enumerate(res.output_ids):
-                counts[i, t] += 1
+            engine = SpeculativeEngine(target, make(), control(), lookup=copy)
+            for res in engine.generate_batch([prompt] * len(seeds), steps, sampling, seed=seeds.tolist()):
+                for i, t in enumerate(res.output_ids):
+                    counts[i, t] += 1
         for i in range(steps):
             assert tv(counts[i] / n, exact[i]) < 0.06, f"position {i}"

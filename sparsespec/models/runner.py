@@ -210,7 +210,7 @@ class CausalLM:
         greedy output, and the verifier's and sampler's probabilities come from these."""
         w, b = self.lm_head.weight, self.lm_head.bias
         if h.dtype == torch.float32:
-            return F.linear(h, w, b)
+            return linear(h, w, b)
         try:  # CUDA: bf16 x bf16 accumulated and returned in fp32 by cuBLAS, no fp32 copy of the weight
             out = torch.mm(h, w.t(), out_dtype=torch.float32)
         except (TypeError, RuntimeError, NotImplementedError):  # the CPU has no such kernel: upcast
@@ -221,14 +221,15 @@ class CausalLM:
         w = self._gate_up[i]
         if w is None:
             return layer.mlp(h)
-        gate, up = F.linear(h, w).chunk(2, dim=-1)
-        return layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        gate, up = linear(h, w).chunk(2, dim=-1)
+        down = layer.mlp.down_proj
+        return linear(layer.mlp.act_fn(gate) * up, down.weight, down.bias)
 
     def _attention(self, layer, i, h, cos, sin, blocks, ns):
         attn = layer.self_attn
         rows, hq, hkv = h.shape[0], self.n_heads, self.n_kv_heads
         w, b = self._qkv[i]
-        qkv = F.linear(h, w, b).view(rows, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, rows, D]
+        qkv = linear(h, w, b).view(rows, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, rows, D]
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
             q = attn.q_norm(qkv[:hq].transpose(0, 1)).transpose(0, 1)
             k = attn.k_norm(qkv[hq : hq + hkv].transpose(0, 1)).transpose(0, 1)
@@ -248,7 +249,7 @@ class CausalLM:
                 capture.observe(i, q[:, part][:, n - lse.shape[1] :], lse)
             outs.append(out)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # [Hq, rows, D]
-        return attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        return linear(out.transpose(0, 1).reshape(rows, -1), attn.o_proj.weight, attn.o_proj.bias)
 
     def prefill(
         self,
@@ -283,6 +284,22 @@ class CausalLM:
             if progress:
                 progress(block.shape[0])
         return out
+
+
+# Up to this many rows (a batch's decode step, a verification block) a CPU float32 product x W^T is
+# taken as (W x^T)^T: MKL's kernel for a few rows against a wide weight streams it faster that way
+# (docs/performance.md, "A few rows against the weights").
+SKINNY_ROWS = 64
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, b) ([rows, in] x [out, in] -> [rows, out]), by the faster product for a few
+    rows on the CPU in float32."""
+    rows = x.shape[0]
+    if not (1 < rows <= SKINNY_ROWS and x.dim() == 2 and x.device.type == "cpu" and x.dtype == torch.float32):
+        return F.linear(x, w, b)
+    out = torch.mm(w, x.t()).t().contiguous()
+    return out if b is None else out.add_(b)
 
 
 def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -92,7 +92,10 @@ def measure(ctxs: list[int], batches: list[int], new_tokens: int, repeats: int, 
         caches = [shared.get(p, new_tokens)[0] for p in prompts]
         heads = [c.length for c in caches]
         say(f"ctx {ctx}: prefilled {len(prompts)} prompts in {time.perf_counter() - t0:.0f} s")
-        reference = None  # each prompt's own B = 1 ar output
+        reference = []  # each prompt's own B = 1 ar output
+        for p, c, h in zip(prompts, caches, heads, strict=True):
+            reference.append(methods["ar"].build(target).generate(p.prompt_ids, new_tokens, cache=c).output_ids)
+            c.crop(h)
         for b in here:
             runs: dict[str, list] = {m: [] for m in METHODS}
             for _ in range(repeats):
@@ -102,14 +105,6 @@ def measure(ctxs: list[int], batches: list[int], new_tokens: int, repeats: int, 
                     for c, h in zip(caches, heads, strict=False):
                         c.crop(h)
                     runs[name].append(res)
-            if reference is None:
-                reference = [r.output_ids for r in runs["ar"][0]]
-                if b != 1:  # the first B is not 1: ar alone on each prompt
-                    reference = []
-                    for p, c, h in zip(prompts, caches, heads, strict=True):
-                        reference.append(methods["ar"].build(target).generate(p.prompt_ids, new_tokens,
-                                                                               cache=c).output_ids)
-                        c.crop(h)
             cell = []
             for name in METHODS:
                 row = _cell(name, b, ctx, runs[name], floor, new_tokens)
