@@ -5,6 +5,8 @@ SmolLM2-135M's cache (30 layers, 3 KV heads of 64, 9 query heads) at one context
 
 - gather: a 10% sparse view copied into the reused compact cache, torch.gather (the index
   expanded over head_dim) vs index_select of whole rows per head (what KVCache.gather does);
+- skinny products (`--skinny`): a few rows against every weight of a decode step, cold, as F.linear
+  and as models.runner.linear takes them (`--json FILE` saves the table docs/performance.md shows);
 - attention mass: the recall index's pass over the keys for c accepted queries
   (kv.capture.attention_mass), against a plain streaming read of the same keys (K.sum()), and
   the share of it that is the query-key product alone.
@@ -22,13 +24,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.reports.kernels import bench_gather, bench_mass  # noqa: E402
+from sparsespec.reports.skinny import bench_skinny  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", default="32k")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--skinny", action="store_true", help="only the skinny-product benchmark")
+    p.add_argument("--json", default=None, help="with --skinny: save its report here")
     args = p.parse_args(argv)
+    if args.skinny:
+        import json
+
+        report = bench_skinny(args.repeats, print)
+        report["command"] = "python scripts/microbench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        return
     ctx = parse_ctx(args.ctx)
     bench_gather(ctx, args.repeats, print)
     bench_mass(ctx, args.repeats, print)

@@ -14,6 +14,8 @@ Why it is built this way:
   cache and runs the prompt's tail itself, as it does our DynamicCache in scripts/bench.py.
 - One protocol for all: decode tokens/s = (N - 1) / (t(N) - t(1)), each call timed between
   synchronisations (a CUDA launch returns before its kernels end), after an untimed warm-up.
+- At each model's first ctx, two batched rows: ar and sparsespec_l decoding BATCH copies of the
+  prompt together (tokens/s of the whole batch, × ar against batched ar).
 - `CPU_PLAN` runs the same code on tiny random models, so the check cannot rot between GPU runs.
 """
 
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 
 OURS = ("ar", "magicdec", "sparsespec_l")
 METHODS = ("hf_static", *OURS)
+BATCH = 4  # the batched rows: BATCH copies of the prompt decoded together, at each model's first ctx
+BATCHED = {f"ar x{BATCH}": "ar", f"sparsespec_l x{BATCH}": "sparsespec_l"}
 TAIL = SharedPrefill.TAIL  # prompt tokens each run prefills itself
 ROPE_THETA = 500000.0
 # Llama-3.1-8B's shape (random weights: speed, γ and memory mean something, acceptance does not)
@@ -95,7 +99,8 @@ CPU_PLAN = Plan("cpu", "cpu", (
 
 def expected_rows(plan: Plan) -> list[tuple[str, int, str]]:
     """(model, ctx, method) of every row a report of `plan` holds, measured or not."""
-    return [(m.key, c, method) for m in plan.models for c in m.ctxs for method in METHODS]
+    return [(m.key, c, method) for m in plan.models for c in m.ctxs
+            for method in (*METHODS, *(BATCHED if c == m.ctxs[0] else ()))]
 
 
 # -- the library's pieces, with or without Hydra ---------------------------------------------------
@@ -213,6 +218,29 @@ def run_ours(build: Builder, target: CausalLM, prompt: list[int], n: int,
         shared.crop(head)
 
 
+def copies(shared: KVCache, n: int) -> list[KVCache]:
+    """`shared` and n - 1 copies of it (the batched rows' caches: each sequence has its own)."""
+    out = [shared]
+    for _ in range(n - 1):
+        c = KVCache(shared.n_layers, shared.n_kv_heads, shared.head_dim, shared.dtype, shared.device, shared.capacity)
+        for i in range(shared.n_layers):
+            c.k[i][:, : shared.length] = shared.k[i][:, : shared.length]
+            c.v[i][:, : shared.length] = shared.v[i][:, : shared.length]
+        c.length = shared.length
+        out.append(c)
+    return out
+
+
+def run_batch(build: Builder, target: CausalLM, prompt: list[int], n: int,
+              caches: list[KVCache]) -> tuple[list[GenerationResult], float]:
+    heads = [c.length for c in caches]
+    try:
+        return timed(target.device, lambda: build(target).generate_batch([prompt] * len(caches), n, caches=caches))
+    finally:
+        for c, h in zip(caches, heads, strict=True):
+            c.crop(h)
+
+
 def run_hf_static(hf, prompt: list[int], n: int, shared: KVCache, compile_: bool) -> tuple[list[int], float]:
     """generate() with a StaticCache holding the shared prefill; it runs the tail and decodes n."""
     from transformers import StaticCache
@@ -231,12 +259,20 @@ def run_hf_static(hf, prompt: list[int], n: int, shared: KVCache, compile_: bool
 
 
 def measure_method(method: str, plan: Plan, target: CausalLM, build: Builder | None, prompt: list[int],
-                   shared: KVCache) -> dict:
-    """One row: a warm-up run, then t(1) and t(N)."""
+                   shared: KVCache | list[KVCache]) -> dict:
+    """One row: a warm-up run, then t(1) and t(N). With a list of caches, the batch of that many
+    copies of the prompt: tokens/s is then the whole batch's, and the output the first sequence's
+    (each must equal ar's: they are the same prompt)."""
     dev, n = target.device, plan.new_tokens
+    batch = len(shared) if isinstance(shared, list) else 1
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    if build is None:
+    if batch > 1:
+        def run(m: int) -> tuple[list[int], float, GenerationResult | None]:
+            res, seconds = run_batch(build, target, prompt, m, shared)
+            same = all(r.output_ids == res[0].output_ids for r in res)
+            return (res[0].output_ids if same else []), seconds, res[0]
+    elif build is None:
         def run(m: int) -> tuple[list[int], float, GenerationResult | None]:
             return (*run_hf_static(target.hf, prompt, m, shared, plan.hf_compile), None)
     else:
@@ -247,12 +283,13 @@ def measure_method(method: str, plan: Plan, target: CausalLM, build: Builder | N
     _, t1, _ = run(1)
     ids, tn, res = run(n)
     # None where t(N) - t(1) is lost in the noise (tiny CPU runs on a busy machine)
-    row = {"status": "ok", "tok_s": (n - 1) / (tn - t1) if tn > t1 else None, "decode_s": tn - t1, "output_ids": ids,
+    row = {"status": "ok", "tok_s": batch * (n - 1) / (tn - t1) if tn > t1 else None, "decode_s": tn - t1,
+           "output_ids": ids, "batch_size": batch,
            "peak_gpu_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
            "acceptance": None, "gamma": None, "tau": None, "engine_tok_s": None}
     if res is not None:
         row.update(acceptance=res.acceptance_rate, tau=res.mean_accepted_tokens,
-                   gamma=res.gamma if res.draft_steps else None, engine_tok_s=(n - 1) / max(res.wall_s, 1e-9))
+                   gamma=res.gamma if res.draft_steps else None, engine_tok_s=batch * (n - 1) / max(res.wall_s, 1e-9))
     return row
 
 
@@ -321,8 +358,22 @@ def measure(plan: Plan, use_hydra: bool, say: Say = silent) -> dict:
                 here[method] = row
                 say(f"{spec.key} ctx {ctx} {method}: " + (f"{_cell(row['tok_s'], '{:.1f}')} tok/s"
                                                            if row["status"] == "ok" else row["status"]))
+            if ctx == spec.ctxs[0]:  # the batched rows: BATCH sequences, each with its own cache
+                caches = None
+                for label, method in BATCHED.items():
+                    row = {**head, "method": label, "prompt_tokens": len(prompt), "prefill_s": prefill_s}
+                    try:
+                        caches = caches or copies(shared, BATCH)
+                        row.update(measure_method(method, plan, target, builders[method], prompt, caches))
+                    except Exception as e:
+                        log.error("%s at %d, %s: %s", spec.key, ctx, label, traceback.format_exc())
+                        row.update(status="failed", reason=repr(e)[:500])
+                    here[label] = row
+                    say(f"{spec.key} ctx {ctx} {label}: " + (f"{_cell(row['tok_s'], '{:.1f}')} tok/s (batch)"
+                                                              if row["status"] == "ok" else row["status"]))
+                del caches
             _compare(here, spec)
-            rows += [here[m] for m in METHODS]
+            rows += [here[m] for m in METHODS] + [here[m] for m in BATCHED if m in here]
             del target, shared, hf
             gc.collect()
             if device.type == "cuda":
@@ -344,8 +395,9 @@ def _compare(here: dict[str, dict], spec: ModelSpec) -> None:
             row["identical_ar"] = None
             continue
         row["identical_ar"] = row["output_ids"] == ar
-        row["exact_required"] = spec.dtype == "float32" and method in OURS
-        speeds = row["tok_s"], here["ar"]["tok_s"]
+        row["exact_required"] = spec.dtype == "float32" and BATCHED.get(method, method) in OURS
+        base = here.get(f"ar x{BATCH}") if method in BATCHED else here["ar"]  # a batch against batched ar
+        speeds = row["tok_s"], (base or {}).get("tok_s")
         row["vs_ar"] = speeds[0] / speeds[1] if None not in speeds else None
 
 
@@ -391,7 +443,7 @@ def markdown(report: dict) -> str:
         if r["status"] != "ok":
             lines.append(f"{head} {r['status']}: {r['reason']} | | | | | |")
             continue
-        alpha = "n/a (random)" if r["random_weights"] and r["method"] != "hf_static" and r["method"] != "ar" \
+        alpha = "n/a (random)" if r["random_weights"] and BATCHED.get(r["method"], r["method"]) not in ("hf_static", "ar") \
             else _cell(r["acceptance"])
         same = "—" if r.get("identical_ar") is None else ("yes" if r["identical_ar"] else "NO")
         lines.append(f"{head} {_cell(r['tok_s'], '{:.1f}')} | {_cell(r.get('vs_ar'))} | {alpha} | {_cell(r['gamma'], '{:.3f}')} "

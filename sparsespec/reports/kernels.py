@@ -67,3 +67,4 @@ def bench_mass(ctx: int, repeats: int, say: Say) -> None:
         mm = median_ms(lambda qs=qs: [qs @ k.transpose(1, 2) for k in keys], repeats)
         gflop = 2 * LAYERS * HQ * c * D * ctx / 1e9
         say(f"  of which the product: {mm:.1f} ms ({gflop / mm * 1000:.0f} GFLOP/s), the rest {ms - mm:.1f} ms")
+

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparsespec.eval.summary import calibration_table
-from sparsespec.reports import ReportError, batching, bench, budgetdraft, runs, soak, train
+from sparsespec.reports import ReportError, batching, bench, budgetdraft, runs, skinny, soak, train
 
 
 def one_report(sources: list[dict]) -> dict:
@@ -42,6 +42,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "eval.sampling": _of_rows(runs.sampling_table),
     "budgetdraft": _of_report(budgetdraft.markdown),
     "batching": _of_report(batching.markdown),
+    "skinny": _of_report(skinny.skinny_table),
     "soak": _of_report(soak.markdown),
     "train.metrics": _of_report(train.metrics_table),
 }
