@@ -1,7 +1,7 @@
 """Batched decoding: aggregate tokens/s of ar, magicdec and sparsespec_l at several contexts and
 batch sizes, on windows of the held-out PG-19 books, on the embedded model in float32.
 
-    python scripts/batching.py --ctx 4k,16k --batch 1,2,4,8 --new-tokens 48 --repeats 2 --json results/batching.json
+    python scripts/batching.py --ctx 4k,16k,32k --batch 1,2,4,8 --max-batch-tokens 128k --json results/batching.json
 
 Each finished (ctx, batch) is kept in JSON.partial.jsonl; `--resume` picks a stopped run up there.
 The measurement and the table are sparsespec.reports.batching; docs/benchmarks.md renders the saved
@@ -30,6 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", default="4k,16k,32k", help="comma-separated context lengths")
     p.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
+    p.add_argument("--max-batch-tokens", default=None, help="leave out a (ctx, batch) whose prompts hold more "
+                   "tokens than this together (e.g. 128k: B = 8 at 16k, B = 4 at 32k); default: none left out")
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
@@ -46,6 +48,7 @@ def main(argv=None) -> dict:
     try:
         ctxs = [parse_ctx(c) for c in args.ctx.split(",")]
         batches = sorted({int(b) for b in args.batch.split(",")})
+        max_tokens = parse_ctx(args.max_batch_tokens) if args.max_batch_tokens else None
     except ValueError as e:
         raise ReportError(f"--ctx / --batch: {e}") from None
     if not batches or min(batches) < 1 or args.new_tokens < 2 or args.repeats < 1:
@@ -59,7 +62,7 @@ def main(argv=None) -> dict:
     settings = {"ctx": ctxs, "new_tokens": args.new_tokens, "repeats": args.repeats, "data": args.data}
     checkpoint = Checkpoint.open(args.json, settings, args.resume)
     report = {"args": vars(args), **measure(ctxs, batches, args.new_tokens, args.repeats, args.data, checkpoint,
-                                            log.info),
+                                            log.info, max_tokens),
               "command": "python scripts/batching.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -185,3 +185,24 @@ def test_every_shipped_method_config_builds_and_is_exact(family, prompt_len, see
         res = method.build(target, small if method.needs_drafter_model else None, prefill_chunk=64).generate(prompt, 24)
         assert res.output_ids == ar, f"{family} {name}"
         assert (res.drafted > 0) == method.speculative or name == "lookup", f"{family} {name}"
+
+
+@pytest.mark.parametrize("view", [StreamingKV(budget=24, k_sink=4), StreamingKV(ratio=0.1, k_sink=2)],
+                         ids=["budget", "ratio"])
+def test_windowed_drafter_cache_gives_the_masked_full_cache_logits(view):
+    """A small drafter under a streaming view keeps only the sinks and the window (evicting as it
+    moves on, prefill included), yet each block's logits are those of the whole cache under the
+    view's mask, which is the training-time mask."""
+    lm, ids = tiny_lm("qwen2"), random_prompt(400, seed=9)
+    ref = lm.forward(ids, lm.new_cache(400), mask=view.mask(0, 400, 400))
+    drafter = ModelDrafter(lm, view, prefill_chunk=50)
+    drafter.start(DecodeState(lm, None, ids[:200], 200))
+    assert drafter.cache.length < 200 and drafter._window > view.k_sink  # prefill already evicted
+    got, pos = [], 200
+    for n in (1, 3, 1, 2, 1, 1, 4) * 7:  # draft steps and catch-up blocks, as rounds feed them
+        got.append(lm.forward_many([drafter._block(ids[pos : pos + n], logits="all")])[0])
+        pos += n
+        drafter._evict()
+        assert drafter.cache.length <= drafter.held_entries(pos) + 4  # flat in the context
+    torch.testing.assert_close(torch.cat(got), ref[200:pos], atol=5e-5, rtol=1e-4)  # summation order only
+    assert drafter.report()["drafter_kv_tokens"] <= drafter.held_entries(400) + 50 < 400  # + a prefill chunk

@@ -204,15 +204,26 @@ class SelfDrafter(Drafter):
 @dataclass
 class ModelDrafter(Drafter):
     """A separate small LM sharing the target's tokenizer, with its own cache, computed under a
-    position-only KV policy (FullKV: every position)."""
+    position-only KV policy (FullKV: every position).
+
+    Under a sparse policy (StreamingKV) the cache holds only what the policy can still show: the
+    sinks and the window of the next query, evicted as the window moves on (in steps of EVICT_EVERY
+    entries, so a compaction is amortised), prefill included. Its size, and a draft step's cost,
+    are then flat in the context. Entries keep their RoPE positions: the cache holds positions
+    [0, k_sink) and then one contiguous run [window, seen), and each block's mask is the policy's
+    visibility over exactly those positions, which is the mask over the whole cache restricted to
+    what is kept (tests/test_exactness.py checks the two give the same logits)."""
 
     needs_model: ClassVar[bool] = True
+    EVICT_EVERY: ClassVar[int] = 64
     # model and prefill_chunk come from the harness (drafter.path, runtime.prefill_chunk), not the
     # method file: repr=False keeps them out of the generated config node
     model: CausalLM | None = field(default=None, repr=False)
     policy: KVPolicy = field(default_factory=FullKV)
     prefill_chunk: int = field(default=1024, repr=False)
     cache: KVCache | None = field(default=None, repr=False)
+    _window: int = field(default=0, repr=False)  # the first non-sink position the cache holds
+    _peak: int = field(default=0, repr=False)  # most entries per layer held at once
 
     def __post_init__(self) -> None:
         if not self.policy.position_only:
@@ -220,30 +231,76 @@ class ModelDrafter(Drafter):
                 f"ModelDrafter computes its own KV under a position-only policy; {type(self.policy).__name__} "
                 "scores the target's cache, so it works with SelfDrafter. Use StreamingKV or FullKV here.")
 
+    @property
+    def seen(self) -> int:
+        """Tokens the drafter has processed: the next one's position."""
+        return self.cache.length + self._window - self.policy.k_sink
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the cache drops what the policy no longer shows (a sparse position-only policy)."""
+        return not isinstance(self.policy, FullKV)
+
+    def held_entries(self, tokens: int) -> int:
+        """The most entries per layer the cache holds between blocks at a context of `tokens`."""
+        return min(tokens, tokens - self.policy.window_start(tokens) + self.policy.k_sink + self.EVICT_EVERY)
+
+    def capacity(self, prompt: int) -> int:
+        """The cache allocated at start: what is held after the prompt, room for a prefill chunk
+        while the window has not moved on yet (windowed), and for the first drafts."""
+        return self.held_entries(prompt) + (min(self.prefill_chunk, prompt) if self.windowed else 0) + 65
+
     def start(self, state: DecodeState) -> None:
         if self.model is None:
             raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
                                 "pass model=CausalLM(...)")
-        self.cache = self.model.new_cache(len(state.tokens) + 64)
-        self.model.prefill(state.tokens[: state.prompt_len], self.cache, chunk=self.prefill_chunk,
-                           mask_fn=self.policy.mask)
+        n = state.prompt_len
+        self.cache = self.model.new_cache(self.capacity(n))
+        self._window, self._peak = self.policy.k_sink, 0  # nothing evicted yet: positions [0, length) held
+        for start in range(0, n, self.prefill_chunk):
+            ids = state.tokens[start : min(start + self.prefill_chunk, n)]
+            self.model.forward_many([self._block(ids, logits="none")])
+            self._evict()
 
-    def _block(self, ids: torch.Tensor | list[int]) -> Block:
-        n = len(ids)
-        mask = self.policy.mask(self.cache.length, n, self.cache.length + n, self.model.device)
-        return Block(ids, self.cache, mask=mask, logits="last")
+    def _block(self, ids: torch.Tensor | list[int], logits: str = "last") -> Block:
+        n, seen, device = len(ids), self.seen, self.model.device
+        positions = torch.arange(seen, seen + n, device=device)
+        if self._window == self.policy.k_sink:
+            held = torch.arange(seen + n, device=device)
+        else:
+            held = torch.cat([torch.arange(self.policy.k_sink, device=device),
+                              torch.arange(self._window, seen + n, device=device)])
+        self._peak = max(self._peak, self.cache.length + n)
+        return Block(ids, self.cache, positions=positions, mask=self.policy.visible(positions, held), logits=logits)
+
+    def _evict(self) -> None:
+        """Drop the held positions no later query can see, once EVICT_EVERY of them have gathered."""
+        first = self.policy.window_start(self.seen)
+        drop = first - self._window
+        if drop < self.EVICT_EVERY:
+            return
+        s, end = self.policy.k_sink, self.cache.length
+        for store in (self.cache.k, self.cache.v):
+            for t in store:
+                t[:, s : end - drop] = t[:, s + drop : end].clone()
+        self.cache.crop(end - drop)
+        self._window = first
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         # the first step catches up on every token the drafter has not processed (the pending one,
         # plus the verifier's correction or the last draft when all were accepted)
-        return DraftSteps(self.model, state.tokens[self.cache.length :], kmax, self._block,
-                          vocab=state.target.vocab_size)
+        return DraftSteps(self.model, state.tokens[self.seen :], kmax, self._block, vocab=state.target.vocab_size)
 
     def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
-        # drafter entries that lie on that sequence.
+        # drafter entries that lie on that sequence (they are the last ones, inside the window).
         valid = len(state.tokens) - 1
-        self.cache.crop(min(self.cache.length, valid))
+        if self.seen > valid:
+            self.cache.crop(self.cache.length - (self.seen - valid))
+        self._evict()
+
+    def report(self) -> dict:
+        return {"drafter_kv_tokens": self._peak}
 
 
 @dataclass

@@ -456,6 +456,8 @@ def _row(method, sample, runs, engine, sampling, cfg) -> dict:
         "controller": type(engine.controller).__name__ if method.speculative else None,
         # the KV budget the drafter saw at this prompt (tokens per KV head), for acceptance-vs-budget
         "budget_tokens": min(policy.budget_for(res.prompt_tokens), res.prompt_tokens) if sparse else None,
+        # a drafter model's most KV entries per layer at once (its own cache: a window under a sparse view)
+        "drafter_kv_tokens": res.extra.get("drafter_kv_tokens"),
     }
     if method.speculative and res.rounds:
         k_mean = res.drafted / len(res.rounds)

@@ -291,18 +291,21 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
                           "drafter start", True))
     if drafter.needs_model:
         if drafter_model is not None:
-            # its cache holds the prompt + 65 entries and doubles once the output outgrows that
+            # its cache: what the policy still shows after the prompt (all of it under a full view),
+            # room for a prefill chunk and the first drafts; it doubles once if the output outgrows that
             prompt = tokens - (new_tokens or 0)
-            capacity = prompt + 65
-            if new_tokens is None or prompt + new_tokens + kmax + 1 > capacity:
+            capacity = drafter.capacity(prompt) if hasattr(drafter, "capacity") else prompt + 65
+            held = drafter.held_entries(tokens) if hasattr(drafter, "held_entries") else tokens
+            if new_tokens is None or held + kmax + 1 > capacity:
                 parts.append(Part("drafter KV cache growth", kv_bytes(drafter_model, capacity), "decode", True))
             masked = policy is not None and policy.mask(0, 1, 1, "cpu") is not None
             m = min(chunk, prompt)
-            prefill = forward_transient_bytes(drafter_model, m, prompt, masked=masked)
+            keys = min(prompt, capacity)  # the keys a prefill chunk attends to
+            prefill = forward_transient_bytes(drafter_model, m, keys, masked=masked)
             parts += [Part("drafter KV cache", kv_bytes(drafter_model, capacity), "drafter start", True),
-                      Part("drafter prefill chunk", max(prefill, mask_bytes(m, prompt) if masked else 0),
-                           "drafter start", False, largest_tensor_bytes(drafter_model, m, prompt, masked)),
-                      Part("decode step (drafter)", forward_transient_bytes(drafter_model, kmax + 1, tokens, masked)
+                      Part("drafter prefill chunk", max(prefill, mask_bytes(m, keys) if masked else 0),
+                           "drafter start", False, largest_tensor_bytes(drafter_model, m, keys, masked)),
+                      Part("decode step (drafter)", forward_transient_bytes(drafter_model, kmax + 1, held, masked)
                            + logits_bytes(drafter_model, 1), "decode", False)]
     elif policy is not None and not policy.covers(tokens):
         # self-speculation through a sparse view: a compact copy of the kept entries, gathered with

@@ -139,19 +139,30 @@ class KVPolicy:
     def mask(self, start: int, n: int, total: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """[n, total] visibility for queries at positions start..start+n-1 of a drafter whose own
         KV is computed under this policy (position-only policies). None means plain causal."""
+        return self.visible(torch.arange(start, start + n, device=device), torch.arange(total, device=device))
+
+    def visible(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        """[n, m] visibility of the keys at positions `keys` ([m]) to the queries at positions
+        `queries` ([n]), for a drafter whose own KV is computed under this (position-only) policy and
+        may hold only some positions (a windowed cache). None means plain causal."""
         if not self.position_only:
             raise KVPolicyError(f"{type(self).__name__} scores the target's cache; a drafter with its own "
                                 "KV takes a position-only policy (StreamingKV or FullKV)")
         # The query at position p has p earlier tokens, so it keeps budget_for(p) of them: the same
         # set select() gathers for a first draft token at p. Per-query, so chunking cannot change it.
-        q = torch.arange(start, start + n, device=device)[:, None]
+        q = queries[:, None]
         if self.budget is not None:
-            recent = torch.full((n,), self.budget - self.k_sink, device=device)
+            recent = torch.full_like(queries, self.budget - self.k_sink)
         else:
             floor = self.k_sink + (self.k_recent or 0) + 1
-            recent = (self.ratio * q[:, 0].double()).ceil().long().clamp(min=floor) - self.k_sink
-        j = torch.arange(total, device=device)[None, :]
+            recent = (self.ratio * queries.double()).ceil().long().clamp(min=floor) - self.k_sink
+        j = keys[None, :]
         return (j <= q) & ((j < self.k_sink) | (j >= q - recent[:, None]))
+
+    def window_start(self, position: int) -> int:
+        """The oldest non-sink position the query at `position` sees under `visible` (queries at
+        later positions see no older one): what a windowed drafter cache must still hold."""
+        return position - (self.budget_for(position) - self.k_sink)
 
 
 @dataclass
@@ -165,6 +176,12 @@ class FullKV(KVPolicy):
 
     def mask(self, start: int, n: int, total: int, device: torch.device | str = "cpu") -> None:
         return None
+
+    def visible(self, queries: torch.Tensor, keys: torch.Tensor) -> None:
+        return None
+
+    def window_start(self, position: int) -> int:
+        return 0
 
 
 @dataclass

@@ -66,8 +66,9 @@ def _cell(method: str, b: int, ctx: int, results: list[list], floor, new_tokens:
 
 
 def measure(ctxs: list[int], batches: list[int], new_tokens: int, repeats: int, data: str | None,
-            checkpoint, say: Say = silent) -> dict:
-    """{bandwidth_gbs, weight_bytes, kv_per_token, rows}; see the module docstring."""
+            checkpoint, say: Say = silent, max_batch_tokens: int | None = None) -> dict:
+    """{bandwidth_gbs, weight_bytes, kv_per_token, rows}; see the module docstring. A (ctx, B) whose
+    B prompts hold more than max_batch_tokens tokens together is left out (its prefills take long)."""
     from sparsespec.eval.prefill import SharedPrefill
     from sparsespec.models.loading import load_model
     from sparsespec.models.runner import CausalLM
@@ -81,8 +82,9 @@ def measure(ctxs: list[int], batches: list[int], new_tokens: int, repeats: int, 
         loaded = load_model(None, "float32", ctx=ctx + new_tokens, device="cpu")
         target = CausalLM(loaded.model)
         floor = floor or BandwidthFloor.measure(loaded.model, target)
-        here = [b for b in batches if not checkpoint.rows(ctx, f"B={b}", list(METHODS))]
-        rows += [r for b in batches for r in checkpoint.rows(ctx, f"B={b}", list(METHODS))]
+        fits = [b for b in batches if max_batch_tokens is None or b * ctx <= max_batch_tokens]
+        here = [b for b in fits if not checkpoint.rows(ctx, f"B={b}", list(METHODS))]
+        rows += [r for b in fits for r in checkpoint.rows(ctx, f"B={b}", list(METHODS))]
         if not here:
             continue
         prompts = windows(loaded.tokenizer, ctx, max(here), data)

@@ -8,7 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparsespec.eval.summary import calibration_table
-from sparsespec.reports import ReportError, batching, bench, budgetdraft, runs, skinny, soak, train
+from sparsespec.reports import (
+    ReportError,
+    batching,
+    bench,
+    budgetdraft,
+    drafter_kv,
+    runs,
+    skinny,
+    soak,
+    train,
+)
 
 
 def one_report(sources: list[dict]) -> dict:
@@ -43,6 +53,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "budgetdraft": _of_report(budgetdraft.markdown),
     "batching": _of_report(batching.markdown),
     "skinny": _of_report(skinny.skinny_table),
+    "drafter_kv": _of_report(drafter_kv.table),
     "soak": _of_report(soak.markdown),
     "train.metrics": _of_report(train.metrics_table),
 }
