@@ -1,7 +1,7 @@
 """Batched decoding: aggregate tokens/s of ar, magicdec and sparsespec_l at several contexts and
 batch sizes, on windows of the held-out PG-19 books, on the embedded model in float32.
 
-    python scripts/batching.py --ctx 4k,16k,32k --batch 1,2,4,8 --max-batch-tokens 128k --json results/batching.json
+    python scripts/batching.py --ctx 4k,16k,32k --batch 1,2,4,8 --max-batch-tokens 64k --json results/batching.json
 
 Each finished (ctx, batch) is kept in JSON.partial.jsonl; `--resume` picks a stopped run up there.
 The measurement and the table are sparsespec.reports.batching; docs/benchmarks.md renders the saved
