@@ -1,10 +1,12 @@
 """Drafters: who proposes tokens. The seam is transformers' candidate-generator idea: `propose`
 drafts from the current state, `on_verified` updates the drafter from the verification result.
 
-A drafter subclasses `Drafter`; every hook but `propose` does nothing by default, so the engine
-calls them all unconditionally.
+A drafter subclasses `Drafter`; every hook does nothing by default, so the engine calls them all
+unconditionally. A drafter that runs a model gives its round as `steps` (forward inputs), so the
+engine runs the steps of every sequence in a batch together (`draft`); any other implements `propose`.
 SelfDrafter: the target drafts for itself through a KV policy over its own (exact) cache.
-ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse policy.
+ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse policy
+(then holding only the sinks and the window).
 PromptLookup (not a drafter: an option of the engine, tried before the drafter each round) copies
 what followed the latest earlier occurrence of the last n-gram.
 """

@@ -9,6 +9,10 @@
 With no drafter this is plain autoregressive decoding (k = 0 every round), so `ar` and every
 speculative method share the same prefill, forward and sampling code. With `lookup` set, prompt
 lookup drafts first each round and the drafter only where the lookup finds nothing.
+
+`generate_batch` runs the same loop for several prompts: each sequence with its own parts, cache
+and generator, the forward passes of all of them packed into one (`CausalLM.forward_many`).
+`generate` is a batch of one.
 """
 
 from __future__ import annotations
