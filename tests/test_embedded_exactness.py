@@ -60,9 +60,8 @@ def test_a_batch_of_book_prompts_is_exact_on_smollm2(smollm2):
     each sequence's greedy output that prompt's own ar output (the packed forward must not move a
     near-tie)."""
     lm, prompt, _ = smollm2
-    prompts = [prompt[:400], prompt[400:650], prompt[650:1000]]
-    alone = [SpeculativeEngine(lm).generate(p, NEW_TOKENS).output_ids for p in prompts]
-    res = shipped_method("sparsespec_l", ["method.drafter.policy.ratio=0.05"]).build(lm).generate_batch(prompts,
-                                                                                                       NEW_TOKENS)
+    prompts, new = [prompt[:300], prompt[300:500], prompt[500:750]], 20
+    alone = [SpeculativeEngine(lm).generate(p, new).output_ids for p in prompts]
+    res = shipped_method("sparsespec_l", ["method.drafter.policy.ratio=0.05"]).build(lm).generate_batch(prompts, new)
     assert [r.output_ids for r in res] == alone
     assert sum(r.drafted for r in res) > sum(r.accepted for r in res) > 0
