@@ -29,6 +29,9 @@ class SharedPrefill:
     def hold(self, samples) -> None:
         """Keep these samples' caches together (the samples decoded as one batch); free the others."""
         self.held = {s.sample_id for s in samples}
+        self._free_unheld()
+
+    def _free_unheld(self) -> None:
         self.caches = {k: v for k, v in self.caches.items() if k in self.held}
 
     def get(self, sample, max_new: int, bar=None) -> tuple[KVCache | None, float]:
@@ -36,7 +39,7 @@ class SharedPrefill:
         if not self.enabled or sample.prompt_tokens <= 2 * self.TAIL:
             return None, 0.0
         if sample.sample_id not in self.caches:
-            self.caches = {k: v for k, v in self.caches.items() if k in self.held}  # free first
+            self._free_unheld()  # before allocating the new one
             head = sample.prompt_ids[: -self.TAIL]
             cache = self.target.new_cache(sample.prompt_tokens + max_new + 64)
             t0 = time.perf_counter()
