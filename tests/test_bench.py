@@ -227,3 +227,101 @@ def test_bench_markdown_reports_acceptance_by_quarter():
     assert "| 64k | sparsespec_l | 0.70 ± 0.14 | 0.70 ± 0.00 | 0.80 | 0.90 ± 0.00 |" in text  # one value: no ±
     assert "| 64k | ar (distinct-token share) | 1.00 ± 0.00 | 0.75 ± 0.35 | 0.75 ± 0.35 | 0.75 ± 0.35 |" in text
     assert distinct_by_part([1, 2, 3, 4, 5, 5, 5, 5, 5], 4) == [1.0, 1.0, 0.5, 1 / 3]  # the rest joins the last
+
+
+def test_control_scores_far_copies_per_depth_and_budget_and_resumes(tmp_path):
+    import control
+
+    from sparsespec.reports.checkpoint import Checkpoint
+    from sparsespec.reports.control import far_copy, markdown
+
+    ids = list(range(100))
+    copied = far_copy(ids, 30, 20)
+    assert copied[:80] == ids[:80] and copied[80:] == ids[50:70]  # position p holds the token at p - 30
+    with pytest.raises(Exception, match="distance 10"):
+        far_copy(ids, 10, 20)  # the source would overlap the span
+    tok = make_tokenizer(chat=False)
+    target = _save(tmp_path / "target", tok, layers=3, seed=0)
+    data = tmp_path / "pg19.jsonl"
+    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
+                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    args = ["--model", str(target), "--data", str(data), "--ctx", "300", "--distances", "60,200", "--layers", "1,3",
+            "--budgets", "32,full", "--span", "40", "--warmup", "4", "--offsets", "0.02,0.3", "--books", "2",
+            "--json", str(tmp_path / "c.json")]
+    report = control.main(args)
+    assert len(report["windows"]) == 4 and not (tmp_path / "c.partial.jsonl").exists()
+    for w in report["windows"]:
+        for label in ("plain", "D=60", "D=200"):
+            c = w["texts"][label]
+            assert c["n"] == 40 - 4 - 1
+            assert c["agree"]["3/full"] == c["n"]  # N = all layers, full cache: the target itself
+            assert 0 <= c["agree"]["1/full"] <= c["n"] and 0 <= c["target_copies"] <= c["n"]
+    # a 32-token streaming view of the target loses something somewhere
+    assert sum(w["texts"][t]["agree"]["3/32"] for w in report["windows"] for t in ("plain", "D=60")) < 8 * 35
+    text = markdown(report)
+    assert "| 3 | full | 1.000 ± 0.000 (0.000)" in text and "D=200" in text
+    # a stopped run resumes from its finished windows: a kept window is not scored again
+    kept = {**report["windows"][0], "texts": {t: {**c, "target_copies": 0} for t, c in
+                                             report["windows"][0]["texts"].items()}}
+    settings = json.loads(json.dumps({"ctx": 300, "distances": [60, 200], "layers": [1, 3], "budgets": [32, None],
+                                      "span": 40, "warmup": 4, "data": str(data), "model": str(target)}))
+    Checkpoint.open(str(tmp_path / "c.json"), settings, resume=False).add([kept])
+    again = control.main([*args, "--resume"])
+    assert again["windows"][0] == kept and again["windows"][1:] == report["windows"][1:]
+
+
+def test_controller_oracle_charges_each_round_its_accepted_drafts():
+    from sparsespec.reports.controller import conditional, oracle, round_cost
+
+    cost = round_cost({1: 1.2, 2: 1.4, 4: 2.0}, ar_step=1.0)
+    assert [cost(k) for k in (0, 1, 2, 3, 4)] == pytest.approx([1.0, 1.2, 1.4, 1.7, 2.0])
+    with pytest.raises(ValueError, match="k=5"):
+        cost(5)
+    rounds = [[4, 0], [4, 4], [4, 1], [4, 3], [2, 2]]  # (drafted, accepted); the last round cut short
+    best = oracle(rounds, cost)
+    assert best["wall_s"] == pytest.approx(1.0 + 2.0 + 1.2 + 1.7 + 1.4) and best["k_mean"] == 2.0
+    # draft 1: 4 of 5 rounds; draft 2 given 1: 3 of 4; draft 3 given 2: of the 2 rounds that drafted
+    # 3 and accepted 2, both; draft 4 given 3: 1 of 2
+    assert conditional(rounds, 4) == [0.8, 0.75, 1.0, 0.5]
+
+
+def test_entropy_calibration_bins_add_up_to_the_labelled_tokens():
+    from sparsespec.decoding.controllers import EntropyController, RoundStats
+
+    c = EntropyController(candidates=(2, 4))
+    for hs, acc in [([0.1, 0.3, 2.5, 4.0], 1), ([0.2, 0.7], 2), ([1.5, 0.1, 0.1, 0.1], 4)]:
+        c.max_draft()
+        for i in range(len(hs)):
+            c.keep_drafting(i + 1, hs[: i + 1])
+        c.observe(RoundStats(drafted=len(hs), accepted=acc, entropies=hs, draft_s=0.01, verify_s=0.1))
+    report = c.report()
+    bins, overall = report["calibration_bins"], report["calibration"]
+    assert sum(b["n"] for b in bins) == overall["n"] == 2 + 2 + 4  # up to and including the first rejection
+    assert [b["n"] for b in bins] == [5, 1, 1, 1, 0, 0]  # 0.1 0.2 0.1 0.1 0.1 | 0.3 | 0.7 | 1.5 | - | -
+    assert bins[1]["observed"] == 0.0 and bins[0]["observed"] == 1.0  # 0.3 was the first rejection
+    assert sum(b["predicted"] * b["n"] for b in bins) / overall["n"] == pytest.approx(overall["predicted"])
+
+
+def test_controller_script_compares_fixed_k_the_controller_and_the_oracle(tmp_path):
+    import controller
+
+    tok = make_tokenizer(chat=False)
+    target = _save(tmp_path / "target", tok, layers=2, seed=0)
+    data = tmp_path / "pg19.jsonl"
+    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
+                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    report = controller.main(["--model", str(target), "--data", str(data), "--ctx", "300", "--ks", "1,2",
+                              "--k-max", "4", "--small", "1,2,4", "--new-tokens", "12", "--books", "1",
+                              "--threads", "1", "--json", str(tmp_path / "c.json")])
+    rows = {(r["mode"], r["method"]): r for r in report["rows"]}
+    methods = ["ar", "k=1", "k=2", "k=4", "entropy", "entropy, small k", "oracle"]
+    assert set(rows) == {(m, x) for m in ("greedy", "sampled") for x in methods}
+    assert all(rows[("greedy", m)]["identical_ar"] for m in methods[:-1])  # the first law
+    for mode in ("greedy", "sampled"):
+        o, k4 = rows[(mode, "oracle")], rows[(mode, "k=4")]
+        assert o["speedup"] == pytest.approx(rows[(mode, "ar")]["wall_s"] / o["wall_s"])
+        assert 0 <= o["k_mean"] <= 4 and set(o["round_s"]) == {"1", "2", "4"}
+        assert len(k4["conditional"]) == 4 and all(v is None or 0 <= v <= 1 for v in k4["conditional"])
+        assert sum(b["n"] for b in rows[(mode, "entropy")]["calibration_bins"]) == \
+            rows[(mode, "entropy")]["calibration"]["n"]
+    assert "| 300 | greedy |" in controller.markdown(report) or "greedy" in controller.markdown(report)

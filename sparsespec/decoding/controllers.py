@@ -109,7 +109,9 @@ class EntropyController(Controller):
             raise ValueError(f"gamma_init={self.gamma_init!r} is out of range: a cost ratio > 0")
         self.h_acc, self.h_rej, self.gamma = self.h_acc_init, self.h_rej_init, self.gamma_init
         self._p: list[float] = []
+        self._h: list[float] = []
         self.log: list[tuple[list[float], int]] = []  # (per-token estimates, accepted) per round
+        self.entropies: list[list[float]] = []  # per round, its draft tokens' entropies
         self.chosen: list[int] = []
 
     def estimate(self, h: float) -> float:
@@ -129,11 +131,12 @@ class EntropyController(Controller):
         return expected / (1 + k * self.gamma)
 
     def max_draft(self) -> int:
-        self._p = []
+        self._p, self._h = [], []
         return self.candidates[-1]
 
     def keep_drafting(self, n_drafted: int, entropies: list[float]) -> bool:
         self._p.append(self.estimate(entropies[-1]))
+        self._h.append(entropies[-1])
         if n_drafted not in self.candidates:
             return n_drafted < self.candidates[-1]
         longer = [k for k in self.candidates if k > n_drafted]
@@ -145,6 +148,7 @@ class EntropyController(Controller):
     def observe(self, stats: RoundStats) -> None:
         ps = self._p[: stats.drafted]
         self.log.append((ps, stats.accepted))
+        self.entropies.append(self._h[: stats.drafted])
         self.chosen.append(stats.drafted)
         b = self.beta
         for h in stats.entropies[: stats.accepted]:
@@ -186,4 +190,25 @@ class EntropyController(Controller):
                 "n": len(pred),
             },
             "prefix_acceptance": chain,
+            "calibration_bins": self.calibration_bins(),
         }
+
+    ENTROPY_BINS: ClassVar[tuple[float, ...]] = (0.25, 0.5, 1.0, 2.0, 3.0)  # nats; edges between the bins
+
+    def calibration_bins(self) -> list[dict]:
+        """Predicted vs observed acceptance of the labelled draft tokens by entropy bin: does the
+        estimate p(H) follow the acceptance it predicts across the entropy range?"""
+        edges = (0.0, *self.ENTROPY_BINS, None)  # None: no upper edge (a row stays plain JSON)
+        bins = [{"lo": lo, "hi": hi, "predicted": 0.0, "observed": 0.0, "n": 0}
+                for lo, hi in zip(edges, edges[1:], strict=False)]
+        for (ps, acc), hs in zip(self.log, self.entropies, strict=True):
+            for i, (p, h) in enumerate(zip(ps[: acc + 1], hs, strict=False)):
+                b = next(b for b in bins if b["hi"] is None or h < b["hi"])
+                b["predicted"] += p
+                b["observed"] += 1.0 if i < acc else 0.0
+                b["n"] += 1
+        for b in bins:
+            if b["n"]:
+                b["predicted"] /= b["n"]
+                b["observed"] /= b["n"]
+        return bins

@@ -13,6 +13,7 @@ from sparsespec.reports import (
     batching,
     bench,
     budgetdraft,
+    control,
     drafter_kv,
     runs,
     skinny,
@@ -54,11 +55,13 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "batching": _of_report(batching.markdown),
     "skinny": _of_report(skinny.skinny_table),
     "drafter_kv": _of_report(drafter_kv.table),
+    "control": _of_report(control.markdown),
     "soak": _of_report(soak.markdown),
     "train.metrics": _of_report(train.metrics_table),
 }
 PLOTS: dict[str, Callable[[list[dict], Path], None]] = {
     "plot.bench": lambda sources, path: bench.plot(one_report(sources), path),
     "plot.fig1": lambda sources, path: budgetdraft.plot(one_report(sources), path),
+    "plot.control": lambda sources, path: control.plot(one_report(sources), path),
     "plot.soak": lambda sources, path: soak.plot(one_report(sources)["runs"], path),
 }

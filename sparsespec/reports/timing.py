@@ -21,13 +21,14 @@ RUN_STATS = ("acceptance", "tau", "gamma", "k_mean", "index_share", "draft_ms", 
 
 def our_method(spec: str) -> Method:
     """'sparsespec_l:controller=fixed:k=8' -> conf/method/sparsespec_l.yaml with the fixed controller at
-    k = 8; other `key=value` parts set the drafter's KV policy (`method.drafter.policy.ratio`, ...)."""
+    k = 8 (`candidates=[1,2,4]`: the entropy controller's lengths); other `key=value` parts set the
+    drafter's KV policy (`method.drafter.policy.ratio`, ...)."""
     name, *over = spec.split(":")
     overrides = []
     for o in over:
         key, _, value = o.partition("=")
-        overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}"}.get(
-            key, f"method.drafter.policy.{o}"))
+        overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}",
+                          "candidates": f"method.controller.candidates={value}"}.get(key, f"method.drafter.policy.{o}"))
     method = load_method(name, overrides)
     method.name = spec
     return method

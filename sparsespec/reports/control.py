@@ -1,0 +1,164 @@
+"""The positive control for BudgetDraft's budget effect: does a drafter lose agreement with the
+target when the tokens it needs lie outside its streaming KV budget, and which drafters do?
+
+No training: the drafters are layer-truncated copies of the target (its first N layers, the target's
+own final norm and head; N = all layers is the target itself). On held-out book windows the last
+`span` tokens are replaced by the tokens `distance` positions back (position p holds the token at
+p - distance), so from a few tokens into the span the target can predict every next token by
+copying, and a drafter can too only while position p - distance is inside its view. The same
+positions of the unmodified window are the plain-text control.
+
+Scored per window, teacher-forced through the inference path (reports.agreement): the target's
+greedy token at each scored position, whether it is the copied token (the target copies), and each
+drafter's greedy token under each budget (its own KV computed under the StreamingKV view, as
+ModelDrafter does), agreeing with the target's or not. `markdown` and `plot` render a saved report
+(no torch needed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+from sparsespec.reports import ReportError, Say, silent
+from sparsespec.reports.figures import pyplot, save_png
+
+PLAIN = "plain"
+
+
+def far_copy(ids: list[int], distance: int, span: int) -> list[int]:
+    """`ids` with each of its last `span` tokens replaced by the token `distance` positions back.
+    The source lies before the span (distance >= span), so the copy is of untouched book text."""
+    if not span <= distance < len(ids) - span + 1:
+        raise ReportError(f"distance {distance}: needs span ({span}) <= distance <= {len(ids) - span} "
+                          f"for a {len(ids)}-token window")
+    n = len(ids)
+    return ids[: n - span] + ids[n - span - distance : n - distance]
+
+
+def texts(ids: list[int], distances: list[int], span: int) -> dict[str, list[int]]:
+    """The plain window and its far-copy variants, by label."""
+    return {PLAIN: ids, **{f"D={d}": far_copy(ids, d, span) for d in distances}}
+
+
+def score_window(target, drafters: dict[int, object], ids: list[int], *, distances: list[int], span: int,
+                 warmup: int, budgets: list[int | None]) -> dict:
+    """One window's counts: {text: {"n", "target_copies", "agree": {"N/B": count}}} over the
+    predictions of the next token at the span's positions after the first `warmup` (the target
+    cannot know a copy has started before it has seen a few of its tokens)."""
+    import torch
+
+    from sparsespec.reports.agreement import drafter_greedy, target_greedy, view_for
+
+    out = {}
+    for label, seq in texts(ids, distances, span).items():
+        gold = target_greedy(target, seq, span)[warmup:-1]  # predicts seq[n-span+warmup+1:]
+        nxt = torch.tensor(seq[len(seq) - span + warmup + 1 :])
+        agree = {}
+        for n_layers, model in drafters.items():
+            for b in budgets:
+                pred = drafter_greedy(model, seq, span, view_for(b))[warmup:-1]
+                agree[f"{n_layers}/{b or 'full'}"] = int((pred == gold).sum())
+        out[label] = {"n": int(gold.numel()), "target_copies": int((gold == nxt).sum()), "agree": agree}
+    return out
+
+
+def measure(ctx: int, *, distances: list[int], layers: list[int], budgets: list[int | None], span: int,
+            warmup: int, offsets: list[float], books: int, data: str | None, checkpoint,
+            model_path: str | None = None, say: Say = silent) -> dict:
+    """{settings..., windows: [{ctx, sample, texts}]}: every window's counts (score_window), the
+    target at `model_path` (default: the embedded model) in float32."""
+    from sparsespec.models.loading import load_model
+    from sparsespec.reports.agreement import book_title, held_out_samples
+    from sparsespec.training.drafters import truncated
+
+    tgt = load_model(model_path, "float32", ctx=ctx, device="cpu")
+    total = tgt.model.config.num_hidden_layers
+    if any(not 1 <= n <= total for n in layers):
+        raise ReportError(f"--layers: each between 1 and the target's {total} layers")
+    drafters = {n: tgt.model if n == total else truncated(tgt.model, n).eval() for n in layers}
+    windows = []
+    t0 = time.perf_counter()
+    for offset in offsets:
+        for sample in held_out_samples(tgt.tokenizer, ctx, books, data, offset=offset):
+            sid = f"{book_title(sample)}@{offset}"
+            done = checkpoint.rows(ctx, sid, ["control"])
+            if done:
+                windows.append(done[0])
+                continue
+            counts = score_window(tgt.model, drafters, sample.prompt_ids, distances=distances, span=span,
+                                  warmup=warmup, budgets=budgets)
+            row = {"ctx": ctx, "sample": sid, "method": "control", "texts": counts}
+            checkpoint.add([row])
+            windows.append(row)
+            copies = ", ".join(f"{t} {c['target_copies'] / c['n']:.2f}" for t, c in counts.items() if t != PLAIN)
+            say(f"{sid}: done in {time.perf_counter() - t0:.0f} s (target copies: {copies})")
+    if not windows:
+        raise ReportError(f"no held-out window of {ctx} tokens")
+    return {"ctx": ctx, "distances": distances, "layers": layers, "total_layers": total,
+            "budgets": [b or "full" for b in budgets], "span": span, "warmup": warmup, "windows": windows}
+
+
+def cells(report: dict) -> dict[tuple[int, str, str], dict]:
+    """(N, text, budget) -> {acc, std (over windows), se (of the pooled positions), n}; and
+    (0, text, "target") -> the target's copy rate."""
+    out = {}
+    text_labels = [PLAIN, *(f"D={d}" for d in report["distances"])]
+    for t in text_labels:
+        per = [w["texts"][t] for w in report["windows"]]
+        keys = [(n, str(b)) for n in report["layers"] for b in report["budgets"]]
+        for n, b in [*keys, (0, "target")]:
+            hits = [c["target_copies"] if n == 0 else c["agree"][f"{n}/{b}"] for c in per]
+            total = sum(c["n"] for c in per)
+            p = sum(hits) / total
+            rates = [h / c["n"] for h, c in zip(hits, per, strict=True)]
+            out[(n, t, b)] = {"acc": p, "std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                              "se": math.sqrt(p * (1 - p) / total), "n": total}
+    return out
+
+
+def markdown(report: dict) -> str:
+    c = cells(report)
+    texts_ = [PLAIN, *(f"D={d}" for d in report["distances"])]
+    n_win = len(report["windows"])
+    lines = [f"{n_win} held-out windows of {report['ctx']} tokens; the last {report['span']} tokens copied from "
+             f"D back; {c[(0, PLAIN, 'target')]['n'] // n_win} scored positions per window and text (the first "
+             f"{report['warmup']} of the span are not scored). Cells: agreement with the target's greedy token, "
+             "± std over windows (± standard error of the pooled positions).", "",
+             "The target copies (its greedy token is the copied one): "
+             + ", ".join(f"{t} {c[(0, t, 'target')]['acc']:.3f}" for t in texts_[1:])
+             + f"; on plain text its greedy token is the next book token at {c[(0, PLAIN, 'target')]['acc']:.3f}.",
+             "", "| layers N | budget | " + " | ".join(texts_) + " |", "|---|---|" + "---|" * len(texts_)]
+    for n in report["layers"]:
+        for b in report["budgets"]:
+            lines.append(f"| {n} | {b} | " + " | ".join(
+                f"{c[(n, t, str(b))]['acc']:.3f} ± {c[(n, t, str(b))]['std']:.3f} ({c[(n, t, str(b))]['se']:.3f})"
+                for t in texts_) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """One panel per drafter depth: agreement against the copy distance (plain text first), a line
+    per budget, the target's copy rate dashed."""
+    plt = pyplot()
+    c = cells(report)
+    texts_ = [PLAIN, *(f"D={d}" for d in report["distances"])]
+    layers = report["layers"]
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True)
+    axes = axes if len(layers) > 1 else [axes]
+    x = list(range(len(texts_)))
+    for ax, n in zip(axes, layers, strict=True):
+        for b in report["budgets"]:
+            cell = [c[(n, t, str(b))] for t in texts_]
+            ax.errorbar(x, [v["acc"] for v in cell], yerr=[v["std"] for v in cell], marker="o", ms=3,
+                        capsize=2, label=f"B={b}")
+        ax.plot(x[1:], [c[(0, t, "target")]["acc"] for t in texts_[1:]], "k--", lw=1, label="target copies")
+        ax.set_title(f"N = {n} layers" + (" (the target)" if n == report["total_layers"] else ""), fontsize=9)
+        ax.set_xticks(x, texts_, rotation=45, fontsize=7)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("agreement with the target")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    save_png(fig, path)
