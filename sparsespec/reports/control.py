@@ -43,6 +43,26 @@ def texts(ids: list[int], distances: list[int], span: int) -> dict[str, list[int
     return {PLAIN: ids, **{f"D={d}": far_copy(ids, d, span) for d in distances}}
 
 
+def greedy_on_spans(model, prefix: list[int], spans: list[list[int]], view) -> list:
+    """The model's argmax at every position of each span, each read after the same `prefix`, its
+    KV computed under `view` (FullKV: plain causal): reports.agreement's inference path, with the
+    prefix prefilled once for all spans (every variant of a window shares it)."""
+    import torch
+
+    from sparsespec.models.runner import CausalLM
+
+    lm = CausalLM(model)
+    cache = lm.new_cache(len(prefix) + max(map(len, spans)))
+    with torch.inference_mode():
+        lm.prefill(torch.tensor(prefix), cache, chunk=1024, mask_fn=view.mask)
+        start, out = cache.length, []
+        for span in spans:
+            out.append(lm.forward(torch.tensor(span), cache, mask=view.mask(start, len(span), start + len(span)))
+                       .argmax(-1))
+            cache.crop(start)
+    return out
+
+
 def score_window(target, drafters: dict[int, object], ids: list[int], *, distances: list[int], span: int,
                  warmup: int, budgets: list[int | None]) -> dict:
     """One window's counts: {text: {"n", "target_copies", "agree": {"N/B": count}}} over the
@@ -50,18 +70,22 @@ def score_window(target, drafters: dict[int, object], ids: list[int], *, distanc
     cannot know a copy has started before it has seen a few of its tokens)."""
     import torch
 
-    from sparsespec.reports.agreement import drafter_greedy, target_greedy, view_for
+    from sparsespec.reports.agreement import view_for
 
+    variants = texts(ids, distances, span)
+    prefix, spans = ids[: len(ids) - span], [seq[len(ids) - span :] for seq in variants.values()]
+    gold = [g[warmup:-1] for g in greedy_on_spans(target, prefix, spans, view_for(None))]
+    agree: dict[str, list[int]] = {}
+    for n_layers, model in drafters.items():
+        for b in budgets:
+            preds = greedy_on_spans(model, prefix, spans, view_for(b))
+            agree[f"{n_layers}/{b or 'full'}"] = [int((p[warmup:-1] == g).sum())
+                                                  for p, g in zip(preds, gold, strict=True)]
     out = {}
-    for label, seq in texts(ids, distances, span).items():
-        gold = target_greedy(target, seq, span)[warmup:-1]  # predicts seq[n-span+warmup+1:]
-        nxt = torch.tensor(seq[len(seq) - span + warmup + 1 :])
-        agree = {}
-        for n_layers, model in drafters.items():
-            for b in budgets:
-                pred = drafter_greedy(model, seq, span, view_for(b))[warmup:-1]
-                agree[f"{n_layers}/{b or 'full'}"] = int((pred == gold).sum())
-        out[label] = {"n": int(gold.numel()), "target_copies": int((gold == nxt).sum()), "agree": agree}
+    for i, (label, seq) in enumerate(variants.items()):
+        nxt = torch.tensor(seq[len(seq) - span + warmup + 1 :])  # what the scored positions predict
+        out[label] = {"n": int(gold[i].numel()), "target_copies": int((gold[i] == nxt).sum()),
+                      "agree": {key: counts[i] for key, counts in agree.items()}}
     return out
 
 

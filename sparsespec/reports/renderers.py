@@ -14,6 +14,7 @@ from sparsespec.reports import (
     bench,
     budgetdraft,
     control,
+    controller,
     drafter_kv,
     runs,
     skinny,
@@ -56,6 +57,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "skinny": _of_report(skinny.skinny_table),
     "drafter_kv": _of_report(drafter_kv.table),
     "control": _of_report(control.markdown),
+    "controller": _of_report(controller.markdown),
     "soak": _of_report(soak.markdown),
     "train.metrics": _of_report(train.metrics_table),
 }
@@ -63,5 +65,6 @@ PLOTS: dict[str, Callable[[list[dict], Path], None]] = {
     "plot.bench": lambda sources, path: bench.plot(one_report(sources), path),
     "plot.fig1": lambda sources, path: budgetdraft.plot(one_report(sources), path),
     "plot.control": lambda sources, path: control.plot(one_report(sources), path),
+    "plot.controller": lambda sources, path: controller.plot(one_report(sources), path),
     "plot.soak": lambda sources, path: soak.plot(one_report(sources)["runs"], path),
 }
