@@ -238,8 +238,9 @@ def test_control_scores_far_copies_per_depth_and_budget_and_resumes(tmp_path):
     ids = list(range(100))
     copied = far_copy(ids, 30, 20)
     assert copied[:80] == ids[:80] and copied[80:] == ids[50:70]  # position p holds the token at p - 30
-    with pytest.raises(Exception, match="distance 10"):
-        far_copy(ids, 10, 20)  # the source would overlap the span
+    assert far_copy(ids, 10, 20)[80:] == ids[70:80] * 2  # shorter than the span: the copy repeats
+    with pytest.raises(Exception, match="distance 90"):
+        far_copy(ids, 90, 20)  # the source would start before the window
     tok = make_tokenizer(chat=False)
     target = _save(tmp_path / "target", tok, layers=3, seed=0)
     data = tmp_path / "pg19.jsonl"

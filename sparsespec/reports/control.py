@@ -29,13 +29,16 @@ PLAIN = "plain"
 
 
 def far_copy(ids: list[int], distance: int, span: int) -> list[int]:
-    """`ids` with each of its last `span` tokens replaced by the token `distance` positions back.
-    The source lies before the span (distance >= span), so the copy is of untouched book text."""
-    if not span <= distance < len(ids) - span + 1:
-        raise ReportError(f"distance {distance}: needs span ({span}) <= distance <= {len(ids) - span} "
-                          f"for a {len(ids)}-token window")
+    """`ids` with each of its last `span` tokens replaced by the token `distance` positions back (in
+    the new text: a distance shorter than the span repeats the copy)."""
     n = len(ids)
-    return ids[: n - span] + ids[n - span - distance : n - distance]
+    if not 1 <= distance <= n - span:
+        raise ReportError(f"distance {distance}: needs 1 <= distance <= {n - span} for a {n}-token window "
+                          f"whose last {span} tokens are copied")
+    out = ids[: n - span]
+    for p in range(n - span, n):
+        out.append(out[p - distance])
+    return out
 
 
 def texts(ids: list[int], distances: list[int], span: int) -> dict[str, list[int]]:

@@ -190,7 +190,7 @@ def markdown(report: dict) -> str:
                 f"{b['predicted']:.2f} / {b['observed']:.2f} (n {b['n']})" if b["n"] else "" for b in pooled) + " |")
     k_max = report["k_max"]
     depths = [i for i in (1, 2, 3, 4, 8, 16) if i <= k_max]
-    lines += ["", f"Independence: in the k = {k_max} runs, P(draft i accepted | draft i−1 accepted), pooled over "
+    lines += ["", f"Independence: in the k = {k_max} runs, P(draft i accepted | draft i−1 accepted), mean over "
               "windows (i = 1: the first draft's rate).", "",
               "| ctx | mode | " + " | ".join(f"i = {i}" for i in depths) + " |", "|---|---|" + "---|" * len(depths)]
     for c in ctxs:
@@ -229,8 +229,8 @@ def plot(report: dict, path: Path) -> None:
         for m in methods:
             pts = [(i, _mean_std([r["speedup"] for r in groups[(c, mode, m)]])) for i, c in enumerate(ctxs)
                    if (c, mode, m) in groups]
-            style = {"oracle": dict(color="k", ls="--"), "entropy": dict(color="C3", lw=2),
-                     "entropy, small k": dict(color="C3", ls=":", lw=2)}.get(m, {})
+            style = {"oracle": dict(color="k", ls="--"), "entropy": dict(color="C6", lw=2.5),
+                     "entropy, small k": dict(color="C6", ls=":", lw=2.5)}.get(m, {})
             ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], marker="o",
                         ms=3, capsize=2, label=m, **style)
         ax.axhline(1.0, color="grey", lw=0.8)
