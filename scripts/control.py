@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     p.add_argument("--budgets", default="64,256,1024,full", help="streaming KV budgets (tokens, or full)")
     p.add_argument("--span", type=int, default=256, help="copied tokens at the end of each window")
     p.add_argument("--warmup", type=int, default=16, help="first tokens of the span not scored")
-    p.add_argument("--offsets", default="0.02,0.3,0.6", help="where the windows start in each book (fractions)")
+    p.add_argument("--offsets", default="0.02,0.3", help="where the windows start in each book (fractions)")
     p.add_argument("--books", type=int, default=2, help="held-out books")
     p.add_argument("--model", default=None, help="the target (default: the embedded model)")
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
