@@ -11,7 +11,6 @@ report (`python scripts/docs.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -64,11 +63,8 @@ def main(argv=None) -> dict:
     report = {"args": vars(args), **measure(ctxs, batches, args.new_tokens, args.repeats, args.data, checkpoint,
                                             log.info, max_tokens),
               "command": "python scripts/batching.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    checkpoint.save(report, args.json)
     print(markdown(report))
-    checkpoint.close()
     return report
 
 

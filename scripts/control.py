@@ -12,7 +12,6 @@ saved report (`python scripts/docs.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -71,11 +70,8 @@ def main(argv=None) -> dict:
                         warmup=args.warmup, offsets=offsets, books=args.books, data=args.data,
                         checkpoint=checkpoint, model_path=args.model, say=log.info),
               "command": "python scripts/control.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    checkpoint.save(report, args.json)
     print(markdown(report))
-    checkpoint.close()
     return report
 
 

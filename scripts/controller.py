@@ -11,7 +11,6 @@ renders the saved report (`python scripts/docs.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -63,11 +62,8 @@ def main(argv=None) -> dict:
               **measure(ctxs, ks=ks, k_max=args.k_max, small=small, new_tokens=args.new_tokens, books=args.books,
                         data=args.data, checkpoint=checkpoint, model_path=args.model, say=log.info),
               "command": "python scripts/controller.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    checkpoint.save(report, args.json)
     print(markdown(report))
-    checkpoint.close()
     return report
 
 

@@ -47,6 +47,13 @@ class Checkpoint:
             with self.path.open("a") as f:
                 f.write(json.dumps(sample_rows) + "\n")
 
+    def save(self, report: dict, path: str | None) -> None:
+        """Write the finished report to `path` (none: not kept), then close the checkpoint."""
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(report, indent=1))
+        self.close()
+
     def close(self) -> None:
         """The run finished and its report holds everything: the checkpoint has done its job."""
         if self.path is not None:
