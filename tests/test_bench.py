@@ -34,9 +34,7 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     tok = make_tokenizer(chat=False)
     target = _save(tmp_path / "target", tok, layers=2, seed=0)
     drafter = _save(tmp_path / "drafter", tok, layers=1, seed=1)
-    data = tmp_path / "pg19.jsonl"
-    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
-                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    data = _books(tmp_path, 3)
     md = tmp_path / "benchmarks.md"
     md.write_text("# Benchmarks\n\nintro stays\n")
     methods = "hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,sparsespec_l:controller=fixed:k=3"
@@ -65,9 +63,7 @@ def test_inversion_script_sweeps_k_and_plots(tmp_path):
 
     tok = make_tokenizer(chat=False)
     target = _save(tmp_path / "target", tok, layers=2, seed=0)
-    data = tmp_path / "pg19.jsonl"
-    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
-                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(2)))
+    data = _books(tmp_path, 2)
     report = inversion.main(["--ctx", "500", "--ks", "1,3", "--new-tokens", "10", "--repeats", "1",
                              "--model-path", str(target), "--data", str(data), "--out", str(tmp_path / "inv"),
                              "--ratio", "0.3", "--threads", "1"])
@@ -87,9 +83,7 @@ def test_budgetdraft_results_groups_seeds_and_times_the_engine(tmp_path):
     target = _save(tmp_path / "target", tok, layers=2, seed=0)
     for s in (1, 2):
         _save(tmp_path / f"d_s{s}", tok, layers=1, seed=s)
-    data = tmp_path / "pg19.jsonl"
-    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
-                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    data = _books(tmp_path, 3)
     md = tmp_path / "benchmarks.md"
     res = fig1.main(["untrained", f"self={target}", f"tiny={tmp_path}/d_s*", f"mixed={target},{tmp_path}/d_s1", "--model", str(target),
                      "--data", str(data), "--ctx", "300", "--budgets", "40", "80", "--positions", "48",
@@ -243,9 +237,7 @@ def test_control_scores_far_copies_per_depth_and_budget_and_resumes(tmp_path):
         far_copy(ids, 90, 20)  # the source would start before the window
     tok = make_tokenizer(chat=False)
     target = _save(tmp_path / "target", tok, layers=3, seed=0)
-    data = tmp_path / "pg19.jsonl"
-    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
-                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    data = _books(tmp_path, 3)
     args = ["--model", str(target), "--data", str(data), "--ctx", "300", "--distances", "60,200", "--layers", "1,3",
             "--budgets", "32,full", "--span", "40", "--warmup", "4", "--offsets", "0.02,0.3", "--books", "2",
             "--json", str(tmp_path / "c.json")]
@@ -308,9 +300,7 @@ def test_controller_script_compares_fixed_k_the_controller_and_the_oracle(tmp_pa
 
     tok = make_tokenizer(chat=False)
     target = _save(tmp_path / "target", tok, layers=2, seed=0)
-    data = tmp_path / "pg19.jsonl"
-    data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
-                                        "url": f"u{i}", "text": _doc(i, 2000)}) + "\n" for i in range(3)))
+    data = _books(tmp_path, 3)
     report = controller.main(["--model", str(target), "--data", str(data), "--ctx", "300", "--ks", "1,2",
                               "--k-max", "4", "--small", "1,2,4", "--new-tokens", "12", "--books", "1",
                               "--threads", "1", "--json", str(tmp_path / "c.json")])
@@ -325,4 +315,6 @@ def test_controller_script_compares_fixed_k_the_controller_and_the_oracle(tmp_pa
         assert len(k4["conditional"]) == 4 and all(v is None or 0 <= v <= 1 for v in k4["conditional"])
         assert sum(b["n"] for b in rows[(mode, "entropy")]["calibration_bins"]) == \
             rows[(mode, "entropy")]["calibration"]["n"]
-    assert "| 300 | greedy |" in controller.markdown(report) or "greedy" in controller.markdown(report)
+    text = controller.markdown(report)
+    assert "| ctx | mode | k=1 | k=2 | k=4 | entropy | entropy, small k | oracle |" in text
+    assert "| 300 | greedy | " in text and "| 300 | sampled | " in text and "Independence: in the k = 4 runs" in text

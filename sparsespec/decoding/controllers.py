@@ -110,8 +110,8 @@ class EntropyController(Controller):
         self.h_acc, self.h_rej, self.gamma = self.h_acc_init, self.h_rej_init, self.gamma_init
         self._p: list[float] = []
         self._h: list[float] = []
-        self.log: list[tuple[list[float], int]] = []  # (per-token estimates, accepted) per round
-        self.entropies: list[list[float]] = []  # per round, its draft tokens' entropies
+        # per round: the draft tokens' acceptance estimates, their entropies, and how many were accepted
+        self.log: list[tuple[list[float], list[float], int]] = []
         self.chosen: list[int] = []
 
     def estimate(self, h: float) -> float:
@@ -147,8 +147,7 @@ class EntropyController(Controller):
 
     def observe(self, stats: RoundStats) -> None:
         ps = self._p[: stats.drafted]
-        self.log.append((ps, stats.accepted))
-        self.entropies.append(self._h[: stats.drafted])
+        self.log.append((ps, self._h[: stats.drafted], stats.accepted))
         self.chosen.append(stats.drafted)
         b = self.beta
         for h in stats.entropies[: stats.accepted]:
@@ -164,13 +163,13 @@ class EntropyController(Controller):
         (tokens up to and including the first rejection), and observed P(first m accepted) vs
         the mean product of the per-token estimates."""
         pred, obs = [], []
-        for ps, acc in self.log:
+        for ps, _, acc in self.log:
             for i, p in enumerate(ps[: acc + 1]):
                 pred.append(p)
                 obs.append(1.0 if i < acc else 0.0)
         chain = {}
         for m in (1, 2, 4, 8):
-            rounds = [(ps, acc) for ps, acc in self.log if len(ps) >= m]
+            rounds = [(ps, acc) for ps, _, acc in self.log if len(ps) >= m]
             if rounds:
                 prod = [math.prod(ps[:m]) for ps, _ in rounds]
                 chain[m] = {
@@ -201,7 +200,7 @@ class EntropyController(Controller):
         edges = (0.0, *self.ENTROPY_BINS, None)  # None: no upper edge (a row stays plain JSON)
         bins = [{"lo": lo, "hi": hi, "predicted": 0.0, "observed": 0.0, "n": 0}
                 for lo, hi in zip(edges, edges[1:], strict=False)]
-        for (ps, acc), hs in zip(self.log, self.entropies, strict=True):
+        for ps, hs, acc in self.log:
             for i, (p, h) in enumerate(zip(ps[: acc + 1], hs, strict=False)):
                 b = next(b for b in bins if b["hi"] is None or h < b["hi"])
                 b["predicted"] += p

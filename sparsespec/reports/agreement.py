@@ -88,23 +88,29 @@ def held_out_windows(tokenizer, ctx: int, n_books: int, data: str | None) -> lis
 
 
 @torch.inference_mode()
+def greedy_on_spans(model, prefix: list[int], spans: list[list[int]], view: KVPolicy) -> list[torch.Tensor]:
+    """The model's argmax at every position of each span, each read after the same `prefix`, its KV
+    computed under `view` (the ModelDrafter path: chunked prefill with mask_fn=view.mask, then the
+    span under view.mask; FullKV: plain causal). The prefix is prefilled once for all spans."""
+    lm = CausalLM(model)
+    cache = lm.new_cache(len(prefix) + max(map(len, spans)))
+    lm.prefill(torch.tensor(prefix), cache, chunk=1024, mask_fn=view.mask)
+    start, out = cache.length, []
+    for span in spans:
+        mask = view.mask(start, len(span), start + len(span))
+        out.append(lm.forward(torch.tensor(span), cache, mask=mask).argmax(-1))
+        cache.crop(start)
+    return out
+
+
 def target_greedy(target, ids: list[int], positions: int) -> torch.Tensor:
     """The target's greedy token at each of the last `positions` positions (full attention)."""
-    lm = CausalLM(target)
-    cache = lm.new_cache(len(ids))
-    lm.prefill(torch.tensor(ids[:-positions]), cache, chunk=1024)
-    return lm.forward(torch.tensor(ids[-positions:]), cache).argmax(-1)
+    return drafter_greedy(target, ids, positions, FullKV())
 
 
-@torch.inference_mode()
 def drafter_greedy(model, ids: list[int], positions: int, view: KVPolicy) -> torch.Tensor:
-    """The drafter's argmax at the last `positions` positions, its KV computed under `view` (the
-    ModelDrafter path: chunked prefill with mask_fn=view.mask, then the scored block)."""
-    lm = CausalLM(model)
-    cache = lm.new_cache(len(ids))
-    lm.prefill(torch.tensor(ids[:-positions]), cache, chunk=1024, mask_fn=view.mask)
-    start = cache.length
-    return lm.forward(torch.tensor(ids[-positions:]), cache, mask=view.mask(start, positions, len(ids))).argmax(-1)
+    """The drafter's argmax at the last `positions` positions, its KV computed under `view`."""
+    return greedy_on_spans(model, ids[:-positions], [ids[-positions:]], view)[0]
 
 
 def figure1_rows(target, tok, models: dict[str, list], ctx: int, *, books: int, positions: int, budgets: list[int],

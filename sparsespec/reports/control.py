@@ -41,29 +41,14 @@ def far_copy(ids: list[int], distance: int, span: int) -> list[int]:
     return out
 
 
+def labels(distances: list[int]) -> list[str]:
+    """The texts of a window: plain, then a far copy per distance."""
+    return [PLAIN, *(f"D={d}" for d in distances)]
+
+
 def texts(ids: list[int], distances: list[int], span: int) -> dict[str, list[int]]:
     """The plain window and its far-copy variants, by label."""
-    return {PLAIN: ids, **{f"D={d}": far_copy(ids, d, span) for d in distances}}
-
-
-def greedy_on_spans(model, prefix: list[int], spans: list[list[int]], view) -> list:
-    """The model's argmax at every position of each span, each read after the same `prefix`, its
-    KV computed under `view` (FullKV: plain causal): reports.agreement's inference path, with the
-    prefix prefilled once for all spans (every variant of a window shares it)."""
-    import torch
-
-    from sparsespec.models.runner import CausalLM
-
-    lm = CausalLM(model)
-    cache = lm.new_cache(len(prefix) + max(map(len, spans)))
-    with torch.inference_mode():
-        lm.prefill(torch.tensor(prefix), cache, chunk=1024, mask_fn=view.mask)
-        start, out = cache.length, []
-        for span in spans:
-            out.append(lm.forward(torch.tensor(span), cache, mask=view.mask(start, len(span), start + len(span)))
-                       .argmax(-1))
-            cache.crop(start)
-    return out
+    return dict(zip(labels(distances), [ids, *(far_copy(ids, d, span) for d in distances)], strict=True))
 
 
 def score_window(target, drafters: dict[int, object], ids: list[int], *, distances: list[int], span: int,
@@ -73,7 +58,7 @@ def score_window(target, drafters: dict[int, object], ids: list[int], *, distanc
     cannot know a copy has started before it has seen a few of its tokens)."""
     import torch
 
-    from sparsespec.reports.agreement import view_for
+    from sparsespec.reports.agreement import greedy_on_spans, view_for
 
     variants = texts(ids, distances, span)
     prefix, spans = ids[: len(ids) - span], [seq[len(ids) - span :] for seq in variants.values()]
@@ -132,10 +117,9 @@ def cells(report: dict) -> dict[tuple[int, str, str], dict]:
     """(N, text, budget) -> {acc, std (over windows), se (of the pooled positions), n}; and
     (0, text, "target") -> the target's copy rate."""
     out = {}
-    text_labels = [PLAIN, *(f"D={d}" for d in report["distances"])]
-    for t in text_labels:
+    keys = [(n, str(b)) for n in report["layers"] for b in report["budgets"]]
+    for t in labels(report["distances"]):
         per = [w["texts"][t] for w in report["windows"]]
-        keys = [(n, str(b)) for n in report["layers"] for b in report["budgets"]]
         for n, b in [*keys, (0, "target")]:
             hits = [c["target_copies"] if n == 0 else c["agree"][f"{n}/{b}"] for c in per]
             total = sum(c["n"] for c in per)
@@ -148,7 +132,7 @@ def cells(report: dict) -> dict[tuple[int, str, str], dict]:
 
 def markdown(report: dict) -> str:
     c = cells(report)
-    texts_ = [PLAIN, *(f"D={d}" for d in report["distances"])]
+    texts_ = labels(report["distances"])
     n_win = len(report["windows"])
     lines = [f"{n_win} held-out windows of {report['ctx']} tokens; the last {report['span']} tokens copied from "
              f"D back; {c[(0, PLAIN, 'target')]['n'] // n_win} scored positions per window and text (the first "
@@ -171,7 +155,7 @@ def plot(report: dict, path: Path) -> None:
     per budget, the target's copy rate dashed."""
     plt = pyplot()
     c = cells(report)
-    texts_ = [PLAIN, *(f"D={d}" for d in report["distances"])]
+    texts_ = labels(report["distances"])
     layers = report["layers"]
     fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3.2), sharey=True)
     axes = axes if len(layers) > 1 else [axes]
