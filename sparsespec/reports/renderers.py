@@ -17,6 +17,7 @@ from sparsespec.reports import (
     controller,
     drafter_kv,
     runs,
+    sensitivity,
     skinny,
     soak,
     train,
@@ -58,6 +59,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "drafter_kv": _of_report(drafter_kv.table),
     "control": _of_report(control.markdown),
     "controller": _of_report(controller.markdown),
+    "sensitivity": _of_report(sensitivity.markdown),
     "soak": _of_report(soak.markdown),
     "train.metrics": _of_report(train.metrics_table),
 }
@@ -66,5 +68,6 @@ PLOTS: dict[str, Callable[[list[dict], Path], None]] = {
     "plot.fig1": lambda sources, path: budgetdraft.plot(one_report(sources), path),
     "plot.control": lambda sources, path: control.plot(one_report(sources), path),
     "plot.controller": lambda sources, path: controller.plot(one_report(sources), path),
+    "plot.sensitivity": lambda sources, path: sensitivity.plot(one_report(sources), path),
     "plot.soak": lambda sources, path: soak.plot(one_report(sources)["runs"], path),
 }

@@ -1,0 +1,120 @@
+"""SparseSpec-L's sensitivity to its index budget and query window (the paper's ratio and W figure):
+acceptance α, the draft/verify cost ratio γ and the speedup over ar, per (ratio, W), with the speedup
+identity's prediction (αk + 1) / (kγ + 1) beside each measurement.
+
+Per context and held-out window, from one shared prefill, ar and sparsespec_l at every (ratio, W)
+take turns within each repeat (drift in the machine's load hits every setting alike); each speedup
+is ar's decoding time over the setting's in the same repeat. Greedy, so every run must equal ar.
+`markdown` and `plot` render a saved report (no torch needed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from sparsespec.eval.summary import ctx_label
+from sparsespec.reports import ReportError, Say, silent
+from sparsespec.reports.cells import mean_and_std
+from sparsespec.reports.figures import pyplot, save_png
+
+
+def spec(ratio: float, window: int) -> str:
+    """The method spec (timing.our_method) of sparsespec_l at this index ratio and query window."""
+    return f"sparsespec_l:ratio={ratio}:window={window}"
+
+
+def measure(ctxs: list[int], *, ratios: list[float], windows: list[int], new_tokens: int, books: int, repeats: int,
+            data: str | None, checkpoint, model_path: str | None = None, say: Say = silent) -> dict:
+    """{rows}: per (ctx, window of text, ratio, W) the speedup over ar, α, γ, k and the prediction."""
+    from sparsespec.models.loading import load_model
+    from sparsespec.models.runner import CausalLM
+    from sparsespec.reports.agreement import book_title, held_out_samples
+    from sparsespec.reports.inversion import sweep_rows
+    from sparsespec.reports.timing import our_method, prefill_once, run_ours
+
+    settings = {spec(r, w): (r, w) for r in ratios for w in windows}
+    rows = []
+    for ctx in ctxs:
+        loaded = load_model(model_path, "float32", ctx=ctx + new_tokens, device="cpu")
+        target = CausalLM(loaded.model)
+        methods = {"ar": our_method("ar"), **{s: our_method(s) for s in settings}}
+        for sample in held_out_samples(loaded.tokenizer, ctx, books, data):
+            title = book_title(sample)
+            done = checkpoint.rows(ctx, title, list(settings))
+            if done:
+                rows += done
+                continue
+            shared, prefill_s = prefill_once(target, sample, new_tokens)
+            say(f"ctx {ctx_label(ctx)} {title}: prefill {prefill_s:.0f} s")
+            run_ours(methods["ar"], target, None, sample.prompt_ids, 8, shared)  # warm-up, not timed
+            runs: dict[str, list[dict]] = {}
+            for rep in range(repeats):
+                for s, m in methods.items():
+                    runs.setdefault(s, []).append(run_ours(m, target, None, sample.prompt_ids, new_tokens, shared))
+                say(f"ctx {ctx_label(ctx)} {title}: repeat {rep + 1}/{repeats} done")
+            for s, rs in runs.items():
+                if any(r["output_ids"] != runs["ar"][0]["output_ids"] for r in rs):
+                    raise ReportError(f"ctx {ctx} {title}: {s} differs from ar under greedy decoding")
+            got = [{**r, "ctx": ctx, "ratio": settings[r["method"]][0], "window": settings[r["method"]][1]}
+                   for r in sweep_rows(title, runs)]
+            for r in got:
+                r["sample"] = title
+                say(f"  ratio {r['ratio']:<5} W {r['window']:<3} α {r['alpha']:.2f} γ {r['gamma']:.3f} "
+                    f"k {r['k']:.1f} speedup {r['speedup']:.2f} (identity {r['predicted']:.2f})")
+            checkpoint.add(got)
+            rows += got
+    return {"rows": rows}
+
+
+def cells(report: dict) -> dict[tuple[int, float, int], dict]:
+    """(ctx, ratio, W) -> means over windows of text, with the speedup's spread over windows and repeats."""
+    out = {}
+    for key in sorted({(r["ctx"], r["ratio"], r["window"]) for r in report["rows"]}):
+        rs = [r for r in report["rows"] if (r["ctx"], r["ratio"], r["window"]) == key]
+        speed, spread = mean_and_std([r["speedup"] for r in rs])
+        within = statistics.fmean(r["speedup_std"] for r in rs)
+        out[key] = {"n": len(rs), "speedup": speed, "spread": max(spread, within),
+                    **{k: statistics.fmean(r[k] for r in rs) for k in ("alpha", "gamma", "k", "predicted")}}
+    return out
+
+
+def markdown(report: dict) -> str:
+    """One table per context: α, γ, k, measured and predicted speedup per (ratio, W)."""
+    lines = [f"Command: `{report['command']}`", ""]
+    table = cells(report)
+    for ctx in sorted({c for c, _, _ in table}):
+        lines += [f"**{ctx_label(ctx)}**", "", "| ratio | W | α | γ | mean k | speedup over ar | identity (αk+1)/(kγ+1) "
+                  "| measured / identity |", "|---|---|---|---|---|---|---|---|"]
+        for (c, ratio, w), v in table.items():
+            if c == ctx:
+                lines.append(f"| {ratio:g} | {w} | {v['alpha']:.2f} | {v['gamma']:.3f} | {v['k']:.1f} | "
+                             f"{v['speedup']:.2f} ± {v['spread']:.2f} | {v['predicted']:.2f} | "
+                             f"{v['speedup'] / v['predicted']:.2f} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def plot(report: dict, path: Path) -> None:
+    """Per context: measured (solid) and predicted (dashed) speedup against ratio, one colour per W;
+    and α against ratio."""
+    plt = pyplot()
+    table = cells(report)
+    ctxs = sorted({c for c, _, _ in table})
+    fig, axes = plt.subplots(2, len(ctxs), figsize=(5 * len(ctxs), 7), squeeze=False)
+    for j, ctx in enumerate(ctxs):
+        for i, w in enumerate(sorted({w for c, _, w in table if c == ctx})):
+            pts = sorted((r, v) for (c, r, ww), v in table.items() if c == ctx and ww == w)
+            xs = [r for r, _ in pts]
+            axes[0][j].errorbar(xs, [v["speedup"] for _, v in pts], yerr=[v["spread"] for _, v in pts],
+                                marker="o", color=f"C{i}", label=f"W={w} measured")
+            axes[0][j].plot(xs, [v["predicted"] for _, v in pts], ls="--", marker="s", color=f"C{i}",
+                            label=f"W={w} identity")
+            axes[1][j].plot(xs, [v["alpha"] for _, v in pts], marker="o", color=f"C{i}", label=f"W={w}")
+        axes[0][j].axhline(1.0, color="grey", lw=0.8)
+        axes[0][j].set(xscale="log", title=f"sparsespec_l, ctx {ctx_label(ctx)}", ylabel="speedup over ar")
+        axes[1][j].set(xscale="log", xlabel="index budget (share of the context)", ylabel="α (accepted / drafted)",
+                       ylim=(0, 1.05))
+        axes[0][j].legend(fontsize=7)
+        axes[1][j].legend(fontsize=7)
+    save_png(fig, path)
