@@ -37,7 +37,7 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     data = _books(tmp_path, 3)
     md = tmp_path / "benchmarks.md"
     md.write_text("# Benchmarks\n\nintro stays\n")
-    methods = "hf,hf_assisted,hf_lookup,ar,sd,magicdec,sparsespec_l,sparsespec_l:controller=fixed:k=3"
+    methods = "hf,hf_assisted,hf_lookup,ar,ar:attention=pytorch,sd,magicdec,sparsespec_l,sparsespec_l:controller=fixed:k=3"
     report = bench.main(["--ctx", "400,700", "--new-tokens", "12", "--repeats", "2", "--methods", methods,
                          "--model-path", str(target), "--drafter-path", str(drafter), "--data", str(data),
                          "--hf-full-max", "512", "--write", str(md), "--threads", "1", "--plot", str(tmp_path / "s.png")])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sparsespec.kernels import cpu_attention
+
 
 @dataclass
 class Capture:
@@ -40,6 +42,8 @@ def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: f
     """
     hq, c, d = q.shape
     hkv, total, _ = k.shape
+    if c <= total and cpu_attention.applies(q, k):  # one streaming pass over the keys for all rows
+        return cpu_attention.attention_mass(q, lse, k, scale)
     group = hq // hkv
     s = q.reshape(hkv, group * c, d) @ k.transpose(1, 2)  # [Hkv, G*c, T]
     s = s.float() if s.dtype != torch.float32 else s

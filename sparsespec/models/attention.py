@@ -15,7 +15,10 @@ as LongSpec does:
   read once per KV head and no mask or score tensor over the whole context is built;
 - the block [T - n, T) of the new tokens, causal among themselves: small, computed directly (or
   by a fused causal call for a prefill chunk).
-The two partial results are merged by their log-sum-exp. The fused kernel is chosen by device
+The two partial results are merged by their log-sum-exp. On the CPU, a step of at most
+SMALL_QUERY_BLOCK new tokens (decode, draft, verification) goes to sparsespec.kernels.cpu_attention
+instead when it could be built: it streams each key and value once for all the rows of a KV head,
+where PyTorch's kernels read a long cache well below the machine's bandwidth. The fused kernel is chosen by device
 (`fused_kernel`): PyTorch's CPU flash kernel; on CUDA its FlashAttention-2 kernel (fp16/bf16) or
 its memory-efficient kernel (fp32). With flash-attn installed (the `gpu` extra) a CUDA call in
 fp16/bf16 is one `flash_attn_func` call instead (GQA and the bottom-right causal block natively).
@@ -31,6 +34,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from sparsespec.kernels import cpu_attention
 from sparsespec.kv.capture import causal_block_mask
 
 # Up to this many queries the causal block of new tokens is computed directly (decode, drafting,
@@ -101,6 +105,9 @@ def attend(
     """
     c = min(lse_rows, q.shape[1])
     if mask is None:
+        if q.shape[1] <= SMALL_QUERY_BLOCK and cpu_attention.applies(q, k):
+            out, lse = cpu_attention.few_rows_attention(q, k, v, scale)
+            return out, (lse[:, q.shape[1] - c :] if c else None)
         if flash_attn_applies(q.device, q.dtype):
             out, lse = _attend_flash_attn(q, k, v, scale)
             return out, (lse[:, q.shape[1] - c :] if c else None)

@@ -1,6 +1,6 @@
 """Micro-benchmarks behind the choices in docs/performance.md, on synthetic tensors shaped like
-SmolLM2-135M's cache, calling the library's own kernels (KVCache.gather, kv.capture.attention_mass)
-so that what is timed is what decoding runs. Used by scripts/microbench.py."""
+SmolLM2-135M's cache, calling the library's own kernels (KVCache.gather) so that what is timed is
+what decoding runs. Used by scripts/microbench.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 
 from sparsespec.kv.cache import KVCache
-from sparsespec.kv.capture import attention_mass
 from sparsespec.reports import Say
 
 LAYERS, HKV, HQ, D = 30, 3, 9, 64  # SmolLM2-135M: layers, KV heads, query heads, head dim
@@ -48,23 +47,4 @@ def bench_gather(ctx: int, repeats: int, say: Say) -> None:
 
     say(f"gather, budget {budget}: torch.gather {median_ms(expanded_gather, repeats):.1f} ms, "
         f"index_select (KVCache.gather) {median_ms(lambda: cache.gather(idx, extra=9, out=out), repeats):.1f} ms")
-
-
-def bench_mass(ctx: int, repeats: int, say: Say) -> None:
-    """The recall index's pass over the keys for c accepted queries (attention_mass) against a plain
-    streaming read of the same keys, and the share of it that is the query-key product alone."""
-    keys = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
-    read = median_ms(lambda: [k.sum() for k in keys], repeats)
-    gb = LAYERS * HKV * ctx * D * 4 / 1e9
-    say(f"plain read of the keys ({gb * 1000:.0f} MB): {read:.1f} ms ({gb / read * 1000:.1f} GB/s)")
-    for c in (1, 5, 16):
-        q, lse = torch.randn(HQ, c, D), torch.full((HQ, c), 5.0)
-        ms = median_ms(lambda q=q, lse=lse: [attention_mass(q, lse, k, 0.125) for k in keys], repeats)
-        say(f"attention_mass, {c:2d} queries: {ms:.1f} ms ({gb / ms * 1000:.1f} GB/s of keys)")
-        # where it goes: the [G*c, D] x [D, T] product alone (FLOPs, not bytes, bound it: G*c rows
-        # reuse every key), then everything after it (exp, group sum, causal tail)
-        qs = q.reshape(HKV, HQ // HKV * c, D)
-        mm = median_ms(lambda qs=qs: [qs @ k.transpose(1, 2) for k in keys], repeats)
-        gflop = 2 * LAYERS * HQ * c * D * ctx / 1e9
-        say(f"  of which the product: {mm:.1f} ms ({gflop / mm * 1000:.0f} GFLOP/s), the rest {ms - mm:.1f} ms")
 

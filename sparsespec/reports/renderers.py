@@ -10,6 +10,7 @@ from pathlib import Path
 from sparsespec.eval.summary import calibration_table
 from sparsespec.reports import (
     ReportError,
+    attention_kernel,
     batching,
     bench,
     budgetdraft,
@@ -56,6 +57,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "budgetdraft": _of_report(budgetdraft.markdown),
     "batching": _of_report(batching.markdown),
     "skinny": _of_report(skinny.skinny_table),
+    "attention_kernel": _of_report(attention_kernel.attention_table),
     "drafter_kv": _of_report(drafter_kv.table),
     "control": _of_report(control.markdown),
     "controller": _of_report(controller.markdown),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from sparsespec.config import load_method
 from sparsespec.eval.methods import Method
+from sparsespec.kernels import cpu_attention
 from sparsespec.kv.cache import KVCache
 from sparsespec.models.runner import CausalLM
 from sparsespec.reports import ReportError
@@ -19,13 +21,20 @@ from sparsespec.reports.probes import peak_rss_gb
 RUN_STATS = ("acceptance", "tau", "gamma", "k_mean", "index_share", "draft_ms", "verify_ms", "index_ms", "other_ms")
 
 
+# A spec part that runs the method with PyTorch's attention instead of the CPU kernel (before/after)
+PYTORCH_ATTENTION = "attention=pytorch"
+
+
 def our_method(spec: str) -> Method:
     """'sparsespec_l:controller=fixed:k=8' -> conf/method/sparsespec_l.yaml with the fixed controller at
-    k = 8 (`candidates=[1,2,4]`: the entropy controller's lengths); other `key=value` parts set the
-    drafter's KV policy (`method.drafter.policy.ratio`, ...)."""
+    k = 8 (`candidates=[1,2,4]`: the entropy controller's lengths); `attention=pytorch`: run_ours
+    turns the CPU attention kernel off for it; other `key=value` parts set the drafter's KV policy
+    (`method.drafter.policy.ratio`, ...)."""
     name, *over = spec.split(":")
     overrides = []
     for o in over:
+        if o == PYTORCH_ATTENTION:
+            continue
         key, _, value = o.partition("=")
         overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}",
                           "candidates": f"method.controller.candidates={value}"}.get(key, f"method.drafter.policy.{o}"))
@@ -53,7 +62,8 @@ def run_ours(method: Method, target: CausalLM, drafter: CausalLM | None, prompt:
     """One run of `method` from the shared cache: its output, decode rate and where its time went."""
     engine = method.build(target, drafter)
     head = shared.length
-    res = engine.generate(prompt, n, cache=shared)
+    with cpu_attention.switched_off() if PYTORCH_ATTENTION in method.name.split(":") else nullcontext():
+        res = engine.generate(prompt, n, cache=shared)
     shared.crop(head)
     row = {"output_ids": res.output_ids, "decode_s": res.wall_s, "decode_tok_s": (n - 1) / res.wall_s,
            "acceptance": res.acceptance_rate, "tau": res.mean_accepted_tokens,
