@@ -115,16 +115,19 @@ inline void transpose16(v16* a) {
 //   FMA per dimension and key with the key's element broadcast, then one transpose of the 16x16
 //   result. No reductions: it pays from about 8 rows.
 template <int C>
-inline void scores16_few(const float* q, int64_t rows, const float* k, int64_t ks, float* s, const float* ahead,
-                         int64_t as) {
+inline void scores16_few(const float* q, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
+                         const float* ahead, int64_t as) {
   constexpr int64_t d = C * 16;
   for (int64_t r = 0; r < rows; ++r) {
     v16 qc[C], acc[16];
     for (int c = 0; c < C; ++c) qc[c] = load(q + r * d + 16 * c);
     for (int jj = 0; jj < 16; ++jj) {
       const float* kj = k + jj * ks;
-      if (ahead != nullptr && r == 0) {  // spread among the products: a burst would stall the loads
-        for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + jj * as + 16 * c);
+      if (prefetch && r == 0) {  // the next 16 keys and (`ahead`) these keys' values, spread among the products
+        for (int c = 0; c < C; ++c) __builtin_prefetch(kj + 16 * ks + 16 * c);
+        if (ahead != nullptr) {
+          for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + jj * as + 16 * c);
+        }
       }
       v16 a = qc[0] * load(kj);
       for (int c = 1; c < C; ++c) a += qc[c] * load(kj + 16 * c);
@@ -135,13 +138,16 @@ inline void scores16_few(const float* q, int64_t rows, const float* k, int64_t k
 }
 
 template <int C>
-inline void scores16_tile(const float* qt, int64_t rows, const float* k, int64_t ks, float* s, const float* ahead,
-                          int64_t as) {
+inline void scores16_tile(const float* qt, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
+                          const float* ahead, int64_t as) {
   constexpr int64_t d = C * 16;
   v16 acc[16] = {};
   for (int64_t i = 0; i < d; ++i) {
-    if (ahead != nullptr && i % (d / 16) == 0) {  // the 16 keys' lines, one every few dimensions
-      for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + (i / (d / 16)) * as + 16 * c);
+    if (prefetch) {  // one line of the next 16 keys a dimension, and (`ahead`) these keys' values
+      __builtin_prefetch(k + (16 + i / C) * ks + 16 * (i % C));
+      if (ahead != nullptr && i % C == 0) {
+        for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + (i / C) * as + 16 * c);
+      }
     }
     const v16 qi = load(qt + 16 * i);
     for (int jj = 0; jj < 16; ++jj) acc[jj] += qi * k[jj * ks + i];
@@ -166,9 +172,9 @@ void scores(const float* q, const float* qt, int64_t rows, const float* k, int64
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
       const int64_t n = std::min<int64_t>(16, rows - r0);
       if (n >= kTileFrom) {
-        scores16_tile<C>(qt + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0 ? next : nullptr, as);
+        scores16_tile<C>(qt + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
       } else {
-        scores16_few<C>(q + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0 ? next : nullptr, as);
+        scores16_few<C>(q + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
       }
     }
   }
@@ -346,15 +352,30 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
       int64_t stride;
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
       scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * 16 * d, rows, kb, stride, width, s.data());
-      for (int64_t i = 0; i < n; ++i) std::fill_n(mp + (h * n + i) * total + j0, width, 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* sr = s.data() + r * kBlock;
-        const float top = lp[h * rows + r];
-        float* dst = mp + (h * n + r % n) * total + j0;
-        const int64_t visible = std::clamp<int64_t>(row_end(r, n, total) - j0, 0, width);
+      // new token i's mass: the sum over its rows g * n + i (the query heads of the group), which
+      // all see the same keys
+      const int64_t groups = rows / n;
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = mp + (h * n + i) * total + j0;
+        const int64_t visible = std::clamp<int64_t>(row_end(i, n, total) - j0, 0, width);
         int64_t j = 0;
-        for (; j + 16 <= visible; j += 16) store(dst + j, load(dst + j) + exp_nonpositive(load(sr + j) - top));
-        for (; j < visible; ++j) dst[j] += exp_nonpositive(splat(sr[j] - top))[0];
+        for (; j + 16 <= visible; j += 16) {
+          v16 acc = {};
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t r = g * n + i;
+            acc += exp_nonpositive(load(s.data() + r * kBlock + j) - lp[h * rows + r]);
+          }
+          store(dst + j, acc);
+        }
+        for (; j < visible; ++j) {
+          float acc = 0.0f;
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t r = g * n + i;
+            acc += exp_nonpositive(splat(s[r * kBlock + j] - lp[h * rows + r]))[0];
+          }
+          dst[j] = acc;
+        }
+        std::fill(dst + visible, dst + width, 0.0f);
       }
     }
   });
