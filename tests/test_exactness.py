@@ -11,6 +11,7 @@ from sparsespec.config import load_method
 from sparsespec.decoding.controllers import EntropyController, FixedK
 from sparsespec.decoding.drafters import DecodeState, ModelDrafter, PromptLookup, SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
+from sparsespec.kernels import cpu_attention
 from sparsespec.kv.policies import FullKV, StreamingKV
 from sparsespec.kv.recall import RecallIndex
 
@@ -173,9 +174,13 @@ TINY_SIZES = {"sd_sparse": ["method.drafter.policy.budget=48"], "budgetdraft": [
               "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}
 
 
+@pytest.mark.parametrize("attention", ["kernel", "pytorch"])
 @pytest.mark.parametrize("family,prompt_len,seed", FAMILY_PROMPTS)
-def test_every_shipped_method_config_builds_and_is_exact(family, prompt_len, seed):
-    """Every conf/method file, composed and instantiated as evaluate.py does, decodes ar's tokens."""
+def test_every_shipped_method_config_builds_and_is_exact(family, prompt_len, seed, attention, monkeypatch):
+    """Every conf/method file, composed and instantiated as evaluate.py does, decodes ar's tokens,
+    with the CPU attention kernel (where it builds) and with PyTorch's attention (where it does not)."""
+    if attention == "pytorch":
+        monkeypatch.setenv(cpu_attention.ENV, "0")
     target, small = tiny_lm(family), tiny_lm(family, seed=7, layers=1)
     prompt = random_prompt(prompt_len, seed=seed)
     ar = SpeculativeEngine(target).generate(prompt, 24).output_ids

@@ -106,9 +106,10 @@ def _ops():
 
 def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the kernel serves these tensors: CPU, K/V in float32 or bfloat16, a head size it is
-    compiled for, and built."""
+    compiled for, no gradient wanted (it has no backward), and built."""
     return (q.device.type == "cpu" and k.dtype in (torch.float32, torch.bfloat16) and k.stride(-1) == 1
-            and q.shape[-1] in HEAD_SIZES and available())
+            and q.shape[-1] in HEAD_SIZES and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            and available())
 
 
 def few_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

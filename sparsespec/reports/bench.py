@@ -4,11 +4,13 @@ over samples and the acceptance by quarter of the output."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from sparsespec.eval.summary import ctx_label, distinct_by_part
+from sparsespec.reports import ReportError
 from sparsespec.reports.cells import fmt, mean, mean_std
 from sparsespec.reports.figures import pyplot, save_png
 from sparsespec.reports.sections import write_section
@@ -36,6 +38,17 @@ def _same(rs: list[dict], ref: str) -> str:
     return "yes" if all(flags) else "NO"
 
 
+def _ratio(groups: dict, ctx: int, method: str, ref: str, reps: int) -> str:
+    """`method`'s speed as a multiple of `ref`'s at `ctx`: mean ± std over samples, or with one sample
+    and several timed runs, ± the spread propagated from both methods' run-to-run std."""
+    rs, peers = groups.get((ctx, method), []), groups.get((ctx, ref), [])
+    if len(rs) != 1 or len(peers) != 1 or reps < 2:
+        return mean_std([r.get(f"vs_{ref}") for r in rs])
+    a, b = rs[0], peers[0]
+    ratio = a["tok_s"] / b["tok_s"]
+    return f"{ratio:.2f} ± {ratio * math.hypot(a['tok_s_std'] / a['tok_s'], b['tok_s_std'] / b['tok_s']):.2f}"
+
+
 def speed_table(report: dict, ctx: int | None = None) -> str:
     """Decode speed per (ctx, method): tokens/s, the ratios against HF generate() and our ar on the
     same prompt, acceptance and draft cost, and whether the greedy output was ar's."""
@@ -46,15 +59,18 @@ def speed_table(report: dict, ctx: int | None = None) -> str:
         spread.append(f"tokens/s: mean over samples of {reps} timed runs each, ± the std over those runs")
     if samples > 1:
         spread.append(f"ratios, α and τ: mean ± std over the {samples} samples, each against ar on its own prompt")
+    elif reps > 1:
+        spread.append("ratios: ± the spread of both methods' runs, propagated")
     lines = (["" + "; ".join(spread) + ".", ""] if spread else []) + [
         "| ctx | method | decode tok/s | × HF generate | × our ar | α | τ | γ | k | same as ar |",
         "|---|---|---|---|---|---|---|---|---|---|"]
+    groups = _groups(report)
     for (c, method), rs in _groups(report, ctx).items():
         tok = statistics.fmean(r["tok_s"] for r in rs)
         std = statistics.fmean(r["tok_s_std"] for r in rs)
         speed = f"{tok:.2f} ± {std:.2f}" if reps > 1 else f"{tok:.2f}"
-        ar = "1.00" if method == "ar" else mean_std([r.get("vs_ar") for r in rs])
-        hf = "1.00" if method == "hf" else mean_std([r.get("vs_hf") for r in rs])  # itself: no spread
+        ar = "1.00" if method == "ar" else _ratio(groups, c, method, "ar", reps)
+        hf = "1.00" if method == "hf" else _ratio(groups, c, method, "hf", reps)  # itself: no spread
         cells = [ctx_label(c), method, speed, hf, ar, mean_std([r.get("acceptance") for r in rs]),
                  mean_std([r.get("tau") for r in rs]), fmt(mean(r.get("gamma") for r in rs), "{:.3f}"),
                  fmt(mean(r.get("k_mean") for r in rs), "{:.1f}"), _same(rs, "ar")]
@@ -148,12 +164,18 @@ def quarters_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def pivot_table(report: dict) -> str:
-    """One row per method, one column per ctx: decode speed as a multiple of our ar (mean ± std over
-    samples), with ar's and HF generate()'s own tokens/s on top; the shortest summary of a report."""
+def pivot_table(report: dict, methods: str | None = None) -> str:
+    """One row per method (`methods`: only these, comma-separated), one column per ctx: decode speed
+    as a multiple of our ar (mean ± std over samples), with ar's own tokens/s on top; the shortest
+    summary of a report."""
     ctxs = sorted({r["ctx"] for r in report["rows"]})
     groups = _groups(report)
-    methods = list(dict.fromkeys(r["method"] for r in report["rows"]))
+    every = list(dict.fromkeys(r["method"] for r in report["rows"]))
+    if methods is not None:
+        unknown = [m for m in methods.split(",") if m not in every]
+        if unknown:
+            raise ReportError(f"methods={','.join(unknown)}: not in this report (it has {', '.join(every)})")
+    methods = every if methods is None else methods.split(",")
     head = "| method | " + " | ".join(ctx_label(c) for c in ctxs) + " | same as ar |"
     lines = [head, "|---|" + "---|" * len(ctxs) + "---|"]
     for method in methods:
@@ -167,7 +189,7 @@ def pivot_table(report: dict) -> str:
             if method == "ar":
                 cells.append(f"{statistics.fmean(r['tok_s'] for r in rs):.1f} tok/s")
             else:
-                cells.append(mean_std([r.get("vs_ar") for r in rs]) + "×")
+                cells.append(_ratio(groups, c, method, "ar", _repeats(report)) + "×")
         verdict = "NO" if "NO" in same else "yes" if same and all(s == "yes" for s in same) else "—"
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)

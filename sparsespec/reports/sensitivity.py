@@ -99,6 +99,8 @@ def plot(report: dict, path: Path) -> None:
     """Per context: measured (solid) and predicted (dashed) speedup against ratio, one colour per W;
     and α against ratio."""
     plt = pyplot()
+    from matplotlib.ticker import NullLocator
+
     table = cells(report)
     ctxs = sorted({c for c, _, _ in table})
     fig, axes = plt.subplots(2, len(ctxs), figsize=(5 * len(ctxs), 7), squeeze=False)
@@ -111,10 +113,14 @@ def plot(report: dict, path: Path) -> None:
             axes[0][j].plot(xs, [v["predicted"] for _, v in pts], ls="--", marker="s", color=f"C{i}",
                             label=f"W={w} identity")
             axes[1][j].plot(xs, [v["alpha"] for _, v in pts], marker="o", color=f"C{i}", label=f"W={w}")
+        ratios = sorted({r for c, r, _ in table if c == ctx})
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticks(ratios, [f"{r:g}" for r in ratios])
         axes[0][j].axhline(1.0, color="grey", lw=0.8)
-        axes[0][j].set(xscale="log", title=f"sparsespec_l, ctx {ctx_label(ctx)}", ylabel="speedup over ar")
-        axes[1][j].set(xscale="log", xlabel="index budget (share of the context)", ylabel="α (accepted / drafted)",
-                       ylim=(0, 1.05))
+        axes[0][j].set(title=f"sparsespec_l, ctx {ctx_label(ctx)}", ylabel="speedup over ar")
+        axes[1][j].set(xlabel="index budget (share of the context)", ylabel="α (accepted / drafted)", ylim=(0, 1.05))
         axes[0][j].legend(fontsize=7)
         axes[1][j].legend(fontsize=7)
     save_png(fig, path)
