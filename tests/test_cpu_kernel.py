@@ -69,7 +69,8 @@ def _kernel():
     """The kernel's two functions, or where it cannot be built the paths that serve instead."""
     if cpu_attention.available():
         return cpu_attention.few_rows_attention, cpu_attention.attention_mass
-    return (lambda q, k, v, scale: attend(q, k.float(), v.float(), scale, lse_rows=q.shape[1])), attention_mass
+    return ((lambda q, k, v, scale: attend(q, k.float(), v.float(), scale, lse_rows=q.shape[1])),
+            (lambda q, lse, k, scale: attention_mass(q, lse, k.float(), scale)))
 
 
 def _check(q, k, v, atol):
