@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
 from sparsespec.reports.batching import markdown  # noqa: E402
+from sparsespec.reports.checkpoint import add_checkpoint_args, checkpointed_report  # noqa: E402
 
 log = logging.getLogger("batching")
 
@@ -35,8 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--resume", action="store_true", help="reuse the finished cells in JSON.partial.jsonl")
+    add_checkpoint_args(p, "cells")
     return p.parse_args(argv)
 
 
@@ -55,17 +55,13 @@ def main(argv=None) -> dict:
     import torch
 
     from sparsespec.reports.batching import measure
-    from sparsespec.reports.checkpoint import Checkpoint
 
     torch.set_num_threads(args.threads or torch.get_num_threads())
     settings = {"ctx": ctxs, "new_tokens": args.new_tokens, "repeats": args.repeats, "data": args.data}
-    checkpoint = Checkpoint.open(args.json, settings, args.resume)
-    report = {"args": vars(args), **measure(ctxs, batches, args.new_tokens, args.repeats, args.data, checkpoint,
-                                            log.info, max_tokens),
-              "command": "python scripts/batching.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    checkpoint.save(report, args.json)
-    print(markdown(report))
-    return report
+    return checkpointed_report(
+        "batching.py", args, argv, settings,
+        lambda checkpoint: measure(ctxs, batches, args.new_tokens, args.repeats, args.data, checkpoint, log.info,
+                                   max_tokens), markdown)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
+from sparsespec.reports.checkpoint import add_checkpoint_args, checkpointed_report  # noqa: E402
 from sparsespec.reports.control import markdown  # noqa: E402
 
 log = logging.getLogger("control")
@@ -46,8 +47,7 @@ def main(argv=None) -> dict:
     p.add_argument("--books", type=int, default=2, help="held-out books")
     p.add_argument("--model", default=None, help="the target (default: the embedded model)")
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
-    p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--resume", action="store_true", help="reuse the finished windows in JSON.partial.jsonl")
+    add_checkpoint_args(p, "windows")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -59,20 +59,15 @@ def main(argv=None) -> dict:
     budgets = _ints("budgets", args.budgets, full=True)
     if not 0 <= args.warmup < args.span - 1:
         raise ReportError(f"--warmup: between 0 and --span - 2 ({args.span - 2})")
-    from sparsespec.reports.checkpoint import Checkpoint
     from sparsespec.reports.control import measure
 
     settings = {"ctx": ctx, "distances": distances, "layers": layers, "budgets": budgets, "span": args.span,
                 "warmup": args.warmup, "data": args.data, "model": args.model}
-    checkpoint = Checkpoint.open(args.json, settings, args.resume)
-    report = {"args": vars(args),
-              **measure(ctx, distances=distances, layers=layers, budgets=budgets, span=args.span,
-                        warmup=args.warmup, offsets=offsets, books=args.books, data=args.data,
-                        checkpoint=checkpoint, model_path=args.model, say=log.info),
-              "command": "python scripts/control.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    checkpoint.save(report, args.json)
-    print(markdown(report))
-    return report
+    return checkpointed_report(
+        "control.py", args, argv, settings,
+        lambda checkpoint: measure(ctx, distances=distances, layers=layers, budgets=budgets, span=args.span,
+                                   warmup=args.warmup, offsets=offsets, books=args.books, data=args.data,
+                                   checkpoint=checkpoint, model_path=args.model, say=log.info), markdown)
 
 
 if __name__ == "__main__":

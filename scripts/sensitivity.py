@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
+from sparsespec.reports.checkpoint import add_checkpoint_args, checkpointed_report  # noqa: E402
 from sparsespec.reports.sensitivity import markdown  # noqa: E402
 
 log = logging.getLogger("sensitivity")
@@ -37,8 +38,7 @@ def main(argv=None) -> dict:
     p.add_argument("--model", default=None, help="the target (default: the embedded model)")
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--resume", action="store_true", help="reuse the finished windows in JSON.partial.jsonl")
+    add_checkpoint_args(p, "windows")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -52,22 +52,17 @@ def main(argv=None) -> dict:
                           "--repeats at least 1")
     import torch
 
-    from sparsespec.reports.checkpoint import Checkpoint
     from sparsespec.reports.sensitivity import measure
 
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {"ctx": ctxs, "ratios": ratios, "windows": windows, "new_tokens": args.new_tokens,
                 "repeats": args.repeats, "data": args.data, "model": args.model}
-    checkpoint = Checkpoint.open(args.json, settings, args.resume)
-    report = {"args": vars(args),
-              **measure(ctxs, ratios=ratios, windows=windows, new_tokens=args.new_tokens, books=args.books,
-                        repeats=args.repeats, data=args.data, checkpoint=checkpoint, model_path=args.model,
-                        say=log.info),
-              "command": "python scripts/sensitivity.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    checkpoint.save(report, args.json)
-    print(markdown(report))
-    return report
+    return checkpointed_report(
+        "sensitivity.py", args, argv, settings,
+        lambda checkpoint: measure(ctxs, ratios=ratios, windows=windows, new_tokens=args.new_tokens, books=args.books,
+                                   repeats=args.repeats, data=args.data, checkpoint=checkpoint,
+                                   model_path=args.model, say=log.info), markdown)
 
 
 if __name__ == "__main__":

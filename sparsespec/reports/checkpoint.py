@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sparsespec.reports import ReportError
@@ -58,3 +60,22 @@ class Checkpoint:
         """The run finished and its report holds everything: the checkpoint has done its job."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def add_checkpoint_args(parser, unit: str) -> None:
+    """--json (the report) and --resume (from its checkpoint), for a script that keeps `unit`s."""
+    parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--resume", action="store_true", help=f"reuse the finished {unit} in JSON.partial.jsonl")
+
+
+def checkpointed_report(script: str, args, argv: list[str] | None, settings: dict,
+                        measure: Callable[[Checkpoint], dict], markdown: Callable[[dict], str]) -> dict:
+    """A long script's run: the checkpoint beside args.json (resumed with args.resume when it was
+    written with the same `settings`), `measure` into it, then the finished report (the arguments,
+    what was measured and the command that made it) saved, printed as markdown and returned."""
+    checkpoint = Checkpoint.open(args.json, settings, args.resume)
+    report = {"args": vars(args), **measure(checkpoint),
+              "command": f"python scripts/{script} " + " ".join(sys.argv[1:] if argv is None else argv)}
+    checkpoint.save(report, args.json)
+    print(markdown(report))
+    return report
