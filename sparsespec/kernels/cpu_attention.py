@@ -50,8 +50,9 @@ def switched_off() -> Iterator[None]:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "sparsespec" / "kernels"
+    """`$SPARSESPEC_CACHE/kernels`, beside the embedded model (default `~/.cache/sparsespec`)."""
+    root = os.environ.get("SPARSESPEC_CACHE") or Path.home() / ".cache" / "sparsespec"
+    return Path(root).expanduser() / "kernels"
 
 
 def _machine_tag() -> str:
