@@ -87,7 +87,6 @@ const float* as_float(const T* src, int64_t stride, int64_t width, int64_t d, fl
   }
 }
 
-// s[r * kBlock + j] = q_r . k_j for `rows` rows (q already scaled) and `width` keys, head size C * 16.
 // Transpose 16 vectors in place (a[i][j] <- a[j][i]): four rounds that swap the off-diagonal
 // blocks of size 8, 4, 2 and 1, two shuffles a pair of vectors each.
 inline void transpose16(v16* a) {
@@ -383,13 +382,23 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
 
 // Calls f with the head size as a count of 16-float chunks, for the sizes the kernel is built for.
 template <typename T, typename F>
-void dispatch(int64_t d, F&& f) {
+void dispatch_head(int64_t d, F&& f) {
   switch (d) {
     case 16: f.template operator()<T, 1>(); break;
     case 32: f.template operator()<T, 2>(); break;
     case 64: f.template operator()<T, 4>(); break;
     case 128: f.template operator()<T, 8>(); break;
     default: TORCH_CHECK(false, "sparsespec_cpu: head size ", d, " is not built (16, 32, 64 or 128)");
+  }
+}
+
+// Calls f<T, C> for the K/V element type T (float32 or bfloat16, as `check` allows) and head size d.
+template <typename F>
+void dispatch(at::ScalarType kv, int64_t d, F&& f) {
+  if (kv == at::kFloat) {
+    dispatch_head<float>(d, f);
+  } else {
+    dispatch_head<c10::BFloat16>(d, f);
   }
 }
 
@@ -410,12 +419,8 @@ std::tuple<at::Tensor, at::Tensor> few_rows_attention(const at::Tensor& q, const
   TORCH_CHECK(n >= 1 && q.size(1) % n == 0 && n <= k.size(1), "few_rows_attention: rows must be groups of n <= T");
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1)}, q.options());
-  auto run = [&]<typename T, int C>() { attention_impl<T, C>(q, k, v, scale, n, out, lse); };
-  if (k.scalar_type() == at::kFloat) {
-    dispatch<float>(q.size(2), run);
-  } else {
-    dispatch<c10::BFloat16>(q.size(2), run);
-  }
+  dispatch(k.scalar_type(), q.size(2),
+           [&]<typename T, int C>() { attention_impl<T, C>(q, k, v, scale, n, out, lse); });
   return {out, lse};
 }
 
@@ -425,12 +430,8 @@ at::Tensor attention_mass(const at::Tensor& q, const at::Tensor& lse, const at::
               "attention_mass: lse must be contiguous float32 [Hkv, rows]");
   TORCH_CHECK(n >= 1 && q.size(1) % n == 0 && n <= k.size(1), "attention_mass: rows must be groups of n <= T");
   auto mass = at::empty({q.size(0), n, k.size(1)}, q.options());
-  auto run = [&]<typename T, int C>() { mass_impl<T, C>(q, lse, k, scale, n, mass); };
-  if (k.scalar_type() == at::kFloat) {
-    dispatch<float>(q.size(2), run);
-  } else {
-    dispatch<c10::BFloat16>(q.size(2), run);
-  }
+  dispatch(k.scalar_type(), q.size(2),
+           [&]<typename T, int C>() { mass_impl<T, C>(q, lse, k, scale, n, mass); });
   return mass;
 }
 

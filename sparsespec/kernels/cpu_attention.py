@@ -113,20 +113,23 @@ def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
             and available())
 
 
+def _rows(q: torch.Tensor, hkv: int) -> torch.Tensor:
+    """q [Hq, n, D] as the kernel takes it: [Hkv, G * n, D] float32, row g * n + i = head g's token i."""
+    hq, n, d = q.shape
+    return q.float().reshape(hkv, hq // hkv * n, d).contiguous()
+
+
 def few_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of n new tokens (the last n positions of the keys, causal among themselves) over
     k, v [Hkv, T, D]: q [Hq, n, D] -> (out [Hq, n, D] in q's dtype, lse [Hq, n] float32)."""
     hq, n, d = q.shape
-    hkv = k.shape[0]
-    rows = q.float().reshape(hkv, hq // hkv * n, d).contiguous()
-    out, lse = _ops().few_rows_attention(rows, k, v, float(scale), n)
+    out, lse = _ops().few_rows_attention(_rows(q, k.shape[0]), k, v, float(scale), n)
     return out.to(q.dtype).reshape(hq, n, d), lse.reshape(hq, n)
 
 
 def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """exp(q.k * scale - lse) of c queries (the last c positions of k), summed over each KV head's
     query heads: q [Hq, c, D], lse [Hq, c] -> [Hkv, c, T] float32 (zero where a query cannot see)."""
-    hq, c, d = q.shape
+    hq, c, _ = q.shape
     hkv = k.shape[0]
-    rows = q.float().reshape(hkv, hq // hkv * c, d).contiguous()
-    return _ops().attention_mass(rows, lse.float().reshape(hkv, hq // hkv * c).contiguous(), k, float(scale), c)
+    return _ops().attention_mass(_rows(q, hkv), lse.float().reshape(hkv, hq // hkv * c).contiguous(), k, float(scale), c)
