@@ -20,18 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import parse_ctx  # noqa: E402
-from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
+from sparsespec.reports import ReportError, exit_on_error, int_list  # noqa: E402
 from sparsespec.reports.checkpoint import add_checkpoint_args, checkpointed_report  # noqa: E402
 from sparsespec.reports.control import markdown  # noqa: E402
 
 log = logging.getLogger("control")
-
-
-def _ints(name: str, value: str, full: bool = False) -> list:
-    try:
-        return [None if full and v == "full" else int(v) for v in value.split(",")]
-    except ValueError:
-        raise ReportError(f"--{name}: comma-separated integers{' or full' if full else ''}, got {value!r}") from None
 
 
 @exit_on_error
@@ -55,8 +48,8 @@ def main(argv=None) -> dict:
         offsets = [float(o) for o in args.offsets.split(",")]
     except ValueError as e:
         raise ReportError(f"--ctx / --offsets: {e}") from None
-    distances, layers = _ints("distances", args.distances), _ints("layers", args.layers)
-    budgets = _ints("budgets", args.budgets, full=True)
+    distances, layers = int_list("distances", args.distances), int_list("layers", args.layers)
+    budgets = int_list("budgets", args.budgets, full=True)
     if not 0 <= args.warmup < args.span - 1:
         raise ReportError(f"--warmup: between 0 and --span - 2 ({args.span - 2})")
     from sparsespec.reports.control import measure

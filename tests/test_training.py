@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from sparsespec.checks import ConfigError
 from sparsespec.config import register_configs
 from sparsespec.decoding.controllers import FixedK
 from sparsespec.decoding.drafters import ModelDrafter
@@ -309,6 +310,64 @@ def test_on_policy_windows_are_the_targets_own_greedy_continuation(env, tmp_path
     dm3 = DraftDataModule(teacher=lambda: Teacher(target, dtype="float32", topk=4), **kw)
     dm3.prepare_data()
     assert dm3.computed_shards > 0
+
+
+def test_far_copy_windows_are_labelled_by_the_teacher_and_shared_across_seeds(env, tmp_path):
+    from sparsespec.data.far_copy import far_copy
+
+    target = tiny_target(len(env["tok"]))
+    kw = dict(tokenizer=env["tok"], fingerprint=model_fingerprint(target), path=str(env["corpus"]), seq_len=64,
+              n_train=10, n_val=1, teacher_dtype="float32", topk=4, cache_dir=str(tmp_path / "t"), shard_size=4,
+              far_copy_distances=[10, 30], far_copy_span=16)
+    factory = lambda: Teacher(target, dtype="float32", topk=4)  # noqa: E731
+    plain = DraftDataModule(teacher=factory, **kw)._sequences()["train"]
+    dm = DraftDataModule(teacher=factory, far_copy_share=1.0, **kw)
+    dm.prepare_data()
+    dm.setup()
+    ids = dm.datasets["train"].ids
+    # every window: its book text up to the span, then the span copied from 10 or 30 tokens back
+    drawn = set()
+    for row, book in zip(ids.tolist(), plain.tolist(), strict=True):
+        assert row[:48] == book[:48] and row in (far_copy(book, 10, 16), far_copy(book, 30, 16))
+        drawn.add(10 if row == far_copy(book, 10, 16) else 30)
+    assert drawn == {10, 30}
+    with torch.no_grad():  # the teacher labels the copied text, not the book's
+        assert torch.equal(dm.datasets["train"].targets["targets"].long(), target(ids.long()).logits.argmax(-1))
+    half = DraftDataModule(teacher=factory, far_copy_share=0.5, seed=3, **kw)._sequences()["train"]
+    again = DraftDataModule(teacher=factory, far_copy_share=0.5, seed=4, **kw)._sequences()["train"]
+    assert torch.equal(half, again)  # the draw does not follow the training seed: one teacher cache for all
+    assert 0 < sum(not torch.equal(a, b) for a, b in zip(half, plain, strict=True)) < 10
+    with pytest.raises(ConfigError, match="corpus.far_copy_distances"):
+        DraftDataModule(teacher=factory, **{**kw, "far_copy_distances": [60]}, far_copy_share=0.5)
+
+
+def test_loss_positions_train_only_the_last_positions(env):
+    torch.manual_seed(0)
+    drafter = DrafterSpec(n_layers=1).build(tiny_target(len(env["tok"])))
+    sampler = BudgetSampler(mode="multi", values=[8], k_sink=2)
+    module = BudgetDraftModule(drafter, sampler, losses.BudgetDraftLoss(), optim={}, loss_positions=12)
+    ids = torch.randint(0, len(env["tok"]), (1, 40))
+    batch = {"input_ids": ids, "targets": torch.randint(0, len(env["tok"]), (1, 40))}
+    module.log = lambda *a, **k: None
+    loss = module.training_step(batch, 0)
+    early = {**batch, "targets": batch["targets"].clone()}
+    early["targets"][0, :28] = (early["targets"][0, :28] + 1) % len(env["tok"])
+    assert torch.equal(module.training_step(early, 0), loss)  # targets before the last 12 do not count
+    late = {**batch, "targets": batch["targets"].clone()}
+    late["targets"][0, 35] = (late["targets"][0, 35] + 1) % len(env["tok"])
+    assert not torch.equal(module.training_step(late, 0), loss)
+
+
+def test_windows_past_the_trained_positions_train_with_yarn(env, tmp_path):
+    short = tmp_path / "short"
+    model = tiny_target(len(env["tok"]))
+    model.config.max_position_embeddings = 32
+    model.save_pretrained(short)
+    env["tok"].save_pretrained(short)
+    out = tmp_path / "yarn"
+    run_train(overrides(env, out, "trainer.fast_dev_run=true", f"model.path={short}"))
+    rope = AutoModelForCausalLM.from_pretrained(out / "drafter").config.rope_parameters
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 2  # the 64-token windows, as evaluation scales them
 
 
 def greedy_continuation(model, prompt: torch.Tensor, n: int) -> torch.Tensor:

@@ -39,3 +39,11 @@ def exit_on_error(main: F) -> F:
             raise SystemExit(str(e)) from None
 
     return wrapped  # type: ignore[return-value]
+
+
+def int_list(name: str, value: str, full: bool = False) -> list:
+    """A script's comma-separated integers (`full` too where it allows one: None)."""
+    try:
+        return [None if full and v == "full" else int(v) for v in value.split(",")]
+    except ValueError:
+        raise ReportError(f"--{name}: comma-separated integers{' or full' if full else ''}, got {value!r}") from None

@@ -22,23 +22,11 @@ import statistics
 import time
 from pathlib import Path
 
+from sparsespec.data.far_copy import far_copy
 from sparsespec.reports import ReportError, Say, silent
 from sparsespec.reports.figures import pyplot, save_png
 
 PLAIN = "plain"
-
-
-def far_copy(ids: list[int], distance: int, span: int) -> list[int]:
-    """`ids` with each of its last `span` tokens replaced by the token `distance` positions back (in
-    the new text: a distance shorter than the span repeats the copy)."""
-    n = len(ids)
-    if not 1 <= distance <= n - span:
-        raise ReportError(f"distance {distance}: needs 1 <= distance <= {n - span} for a {n}-token window "
-                          f"whose last {span} tokens are copied")
-    out = ids[: n - span]
-    for p in range(n - span, n):
-        out.append(out[p - distance])
-    return out
 
 
 def labels(distances: list[int]) -> list[str]:
@@ -48,7 +36,11 @@ def labels(distances: list[int]) -> list[str]:
 
 def texts(ids: list[int], distances: list[int], span: int) -> dict[str, list[int]]:
     """The plain window and its far-copy variants, by label."""
-    return dict(zip(labels(distances), [ids, *(far_copy(ids, d, span) for d in distances)], strict=True))
+    try:
+        copies = [far_copy(ids, d, span) for d in distances]
+    except ValueError as e:
+        raise ReportError(str(e)) from None
+    return dict(zip(labels(distances), [ids, *copies], strict=True))
 
 
 def score_window(target, drafters: dict[int, object], ids: list[int], *, distances: list[int], span: int,

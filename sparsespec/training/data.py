@@ -10,7 +10,10 @@ Each sequence is a window of `seq_len` tokens; windows are non-overlapping, star
 (share of a document's characters, skipping Gutenberg front matter) and are taken round-robin over
 documents so every book contributes. With `on_policy_tokens=N` (`teacher.on_policy_tokens`) a
 window is `seq_len - N` tokens of the document followed by the target's own greedy continuation
-of N tokens, made once by the teacher pass and cached with the targets.
+of N tokens, made once by the teacher pass and cached with the targets. With
+`far_copy_share=S` about that share of the windows (train and validation) end in
+`far_copy_span` tokens copied from D tokens back (D drawn from `far_copy_distances`), text where
+the next token depends on something far outside a small KV budget (sparsespec.data.far_copy).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from sparsespec.checks import ConfigError, non_negative, number, positive, require
+from sparsespec.data.far_copy import mix_far_copies
 from sparsespec.training.distributed import World, world
 from sparsespec.training.teacher import Teacher, TeacherCache, TeacherCacheError, cache_key
 
@@ -150,7 +154,8 @@ class DraftDataModule(L.LightningDataModule):
                  fingerprint: str = "", path: str | None = None, seq_len: int = 2048, n_train: int = 96,
                  n_val: int = 4, offset: float = 0.02, batch_size: int = 1, num_workers: int = 0,
                  teacher_dtype: str = "bfloat16", topk: int = 8, cache_dir: str | None = None,
-                 shard_size: int = 16, seed: int = 0, on_policy_tokens: int = 0):
+                 shard_size: int = 16, seed: int = 0, on_policy_tokens: int = 0, far_copy_share: float = 0.0,
+                 far_copy_distances: tuple[int, ...] = (200, 700, 2000, 3800), far_copy_span: int = 256):
         super().__init__()
         sizes = {"seq_len": seq_len, "n_train": n_train, "n_val": n_val, "batch_size": batch_size, "shard_size": shard_size}
         for key, value in sizes.items():
@@ -161,6 +166,19 @@ class DraftDataModule(L.LightningDataModule):
         require(0 <= number("teacher.on_policy_tokens", on_policy_tokens, int) < seq_len, "teacher.on_policy_tokens",
                 on_policy_tokens,
                 f"fewer than corpus.seq_len={seq_len}: each window keeps seq_len - on_policy_tokens prompt tokens")
+        require(0 <= number("corpus.far_copy_share", far_copy_share) <= 1, "corpus.far_copy_share", far_copy_share,
+                "[0, 1]: the share of windows whose last corpus.far_copy_span tokens repeat the text D tokens back")
+        if far_copy_share:
+            positive("corpus.far_copy_span", far_copy_span, int)
+            require(far_copy_span < seq_len, "corpus.far_copy_span", far_copy_span, f"fewer than corpus.seq_len={seq_len}")
+            far_copy_distances = [int(d) for d in far_copy_distances]
+            fits = seq_len - far_copy_span
+            require(bool(far_copy_distances) and all(1 <= d <= fits for d in far_copy_distances),
+                    "corpus.far_copy_distances", far_copy_distances,
+                    f"distances between 1 and corpus.seq_len - corpus.far_copy_span = {fits}")
+            require(not on_policy_tokens, "corpus.far_copy_share", far_copy_share,
+                    "0 with teacher.on_policy_tokens > 0 (a window is either a far copy or ends in the target's "
+                    "own continuation)")
         if path is not None and not Path(str(path)).expanduser().exists():
             raise ConfigError(f"corpus.path={path} does not exist: pass a .txt/.jsonl/.json/.parquet file or a "
                               "directory of them (null: the shipped PG-19 books)")
@@ -169,6 +187,7 @@ class DraftDataModule(L.LightningDataModule):
         self.offset, self.batch_size, self.num_workers = offset, batch_size, num_workers
         self.teacher_dtype, self.topk, self.shard_size = str(teacher_dtype), int(topk), int(shard_size)
         self.seed, self.on_policy_tokens = int(seed), int(on_policy_tokens)
+        self.far_copy = (float(far_copy_share), list(far_copy_distances), int(far_copy_span))
         from sparsespec.models.embedded import cache_root
 
         self.cache_dir = Path(cache_dir) if cache_dir else cache_root() / "teacher"
@@ -192,6 +211,10 @@ class DraftDataModule(L.LightningDataModule):
         if not train or not val:
             raise ValueError(f"corpus.path={self.path}: not enough text for {self.n_train}+{self.n_val} windows of "
                              f"corpus.seq_len={self.seq_len} tokens (got {len(train)} train, {len(val)} val)")
+        share, distances, span = self.far_copy
+        if share:  # the teacher then labels the copies too: the cache key covers the token ids
+            train = mix_far_copies(train, share, distances, span, salt="train")
+            val = mix_far_copies(val, share, distances, span, salt="val")
         if len(train) < self.n_train:
             log.warning("only %d training windows of %d tokens available (asked %d)", len(train), self.seq_len,
                         self.n_train)

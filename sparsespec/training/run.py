@@ -187,8 +187,11 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
     from sparsespec.models.loading import load_model
 
     device = rank_device(cfg.model.device)
-    reload = lambda: load_model(cfg.model.get("path"), dtype=cfg.model.dtype, device=device).model  # noqa: E731
-    loaded = load_model(cfg.model.get("path"), dtype=cfg.model.dtype, device=device)
+    # ctx: windows longer than the target's trained positions get the RoPE scaling (YaRN) that
+    # evaluation applies at that length, and the drafter, built from the target, inherits it
+    ctx = int(cfg.corpus.get("seq_len", 2048))
+    reload = lambda: load_model(cfg.model.get("path"), dtype=cfg.model.dtype, device=device, ctx=ctx).model  # noqa: E731
+    loaded = load_model(cfg.model.get("path"), dtype=cfg.model.dtype, device=device, ctx=ctx)
     tokenizer = loaded.tokenizer
     fingerprint = model_fingerprint(loaded.model)
     drafter = instantiate(cfg.drafter).build(loaded.model)  # copies what it needs before the teacher cast
@@ -206,7 +209,8 @@ def train(cfg: DictConfig, callbacks: list[Any] | None = None, command: str | No
         log.info("teacher cache complete: releasing the target (only the drafter stays in memory)")
         teacher.release()
     module = BudgetDraftModule(drafter, instantiate(cfg.budget), instantiate(cfg.loss),
-                               optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed))
+                               optim=OmegaConf.to_container(cfg.optim, resolve=True), seed=int(cfg.seed),
+                               loss_positions=cfg.get("loss_positions"))
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None] + list(callbacks or [])
     trainer_cfg = _trainer_cfg(cfg)
     trainer: L.Trainer = instantiate(trainer_cfg, strategy=_strategy(trainer_cfg, drafter), callbacks=callbacks,

@@ -74,6 +74,7 @@ class TrainConfig:
     export: bool = MISSING
     update_latest: bool = MISSING
     eval_untrained: bool = MISSING
+    loss_positions: int | None = MISSING
     model: TrainModelConfig = MISSING
     teacher: TeacherConfig = MISSING
     optim: OptimConfig = MISSING
@@ -88,3 +89,5 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.threads is not None:
             positive("threads", self.threads, int)
+        if self.loss_positions is not None:
+            positive("loss_positions", self.loss_positions, int)
