@@ -171,6 +171,7 @@ def test_model_drafter_that_is_the_target_is_always_accepted(family, k):
 
 SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
 TINY_SIZES = {"sd_sparse": ["method.drafter.policy.budget=48"], "budgetdraft": ["method.drafter.policy.budget=48"],
+              "sd_recall": ["method.drafter.policy.budget=40", "method.drafter.policy.k_recent=8"],
               "sparsespec_l": ["method.controller.candidates=[2,4,6]"]}
 
 
@@ -190,6 +191,35 @@ def test_every_shipped_method_config_builds_and_is_exact(family, prompt_len, see
         res = method.build(target, small if method.needs_drafter_model else None, prefill_chunk=64).generate(prompt, 24)
         assert res.output_ids == ar, f"{family} {name}"
         assert (res.drafted > 0) == method.speculative or name == "lookup", f"{family} {name}"
+
+
+@pytest.mark.parametrize("refresh", [True, False], ids=["recall", "snapkv"])
+def test_small_drafter_scores_its_own_cache_from_its_own_attention(refresh):
+    """A recall / SnapKV-style policy on a small drafter: the index holds the drafter's layers and is
+    refreshed from the drafter's own catch-up passes; each round's first draft is the drafter's
+    forward over exactly the positions the policy selects; the output is ar's."""
+    target, small = tiny_lm("llama"), tiny_lm("llama", seed=7, layers=1)
+    prompt = random_prompt(300, seed=4)
+    ar = SpeculativeEngine(target).generate(prompt, 40).output_ids
+    policy = RecallIndex(budget=40, k_sink=4, k_recent=8, window=4, refresh=refresh)
+    drafter = ModelDrafter(small, policy, prefill_chunk=64)
+    res = SpeculativeEngine(target, drafter, FixedK(3)).generate(prompt, 40)
+    assert res.output_ids == ar and res.drafted > 0
+    assert policy._sum.shape[:2] == (small.n_layers, small.n_kv_heads)  # the drafter's own statistics
+    report = drafter.report()
+    assert report["drafter_kv_tokens"] >= 300 + len(ar) - 8  # a scored cache keeps every position
+    assert (report["index_updates"] > 0) == refresh
+    # the next round drafts from the selected positions: its first logits are the drafter's forward of
+    # the pending token over the gathered cache, and differ from the full cache's
+    pending, length = drafter._own.tokens[-1], drafter.cache.length
+    assert length == len(drafter._own.tokens) - 1  # caught up on every real token but the pending one
+    compact = drafter.cache.gather(policy.select(drafter._own), extra=4)
+    expect = small.forward([pending], compact, positions=[length], logits="last")
+    round_ = drafter.steps(DecodeState(target, None, drafter._own.tokens, 300), 1)
+    got = small.forward_many([round_.block(round_.first)])[0]
+    torch.testing.assert_close(got, expect)
+    full = small.forward([pending], drafter.cache, logits="last")
+    assert not torch.allclose(got, full)
 
 
 @pytest.mark.parametrize("view", [StreamingKV(budget=24, k_sink=4), StreamingKV(ratio=0.1, k_sink=2)],

@@ -45,6 +45,26 @@ def test_estimate_covers_the_measured_cache_and_recall_index(monkeypatch):
     assert est.method == "sparsespec_l" and est.peak_phase in memory.PHASES
 
 
+def test_estimate_covers_a_small_drafters_own_recall_index_and_full_cache():
+    """sd_recall: the drafter keeps every position and its index is sized by the drafter's layers."""
+    from sparsespec.config import load_method
+    from sparsespec.decoding.drafters import ModelDrafter
+
+    target, small = tiny_lm("llama", max_position_embeddings=4096), tiny_lm("llama", seed=7, layers=1)
+    prompt, new = random_prompt(1500, seed=5), 20
+    view = RecallIndex(budget=64, k_sink=4, k_recent=8, window=16)
+    drafter = ModelDrafter(small, view)
+    SpeculativeEngine(target, drafter, FixedK(4)).generate(prompt, new)
+    method = load_method("sd_recall", ["method.drafter.policy.budget=64", "method.drafter.policy.k_recent=8",
+                                       "method.drafter.policy.k_sink=4"])
+    est = memory.estimate_bytes(target, len(prompt) + new, [method], small, chunk=1024, new_tokens=new)
+    index = view._rows.nbytes + view._sum.nbytes
+    assert index <= est["RecallIndex"] <= 1.5 * index  # the drafter's one layer, not the target's
+    growth = sum(p.nbytes for p in est.parts if p.name == "drafter KV cache growth")
+    assert drafter.cache.nbytes() <= est["drafter KV cache"] + growth
+    assert est["drafter compact KV cache"] > 0
+
+
 def test_the_parts_are_asked_for_their_memory(monkeypatch):
     """A policy's own report enters the estimate (no method names are matched)."""
     target = tiny_lm("llama")

@@ -186,29 +186,42 @@ class SelfDrafter(Drafter):
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
-        model, length = state.target, state.cache.length
-        idx = self.policy.select(state)
-        # Full view: draft straight into the target cache and roll back; else a compact copy.
-        if idx is None:
-            cache = state.cache
-        else:
-            cache = self._compact = state.cache.gather(idx, extra=kmax + 1, out=self._compact)
-        base = cache.length
-        positions = iter(torch.arange(length, length + kmax, device=model.device).split(1))
+        round_, self._compact = selected_steps(state, self.policy, kmax, self._compact)
+        return round_
 
-        def block(ids: torch.Tensor | list[int]) -> Block:  # the compact cache keeps true positions
-            return Block(ids, cache, positions=next(positions), logits="last")
 
-        return DraftSteps(model, [state.tokens[-1]], kmax, block,
-                          finish=(lambda: cache.crop(base)) if idx is None else None)
+def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVCache | None
+                   ) -> tuple[DraftSteps, KVCache | None]:
+    """A round drafted by `state.target` from the positions `policy` selects in `state.cache` (which
+    holds every token but the pending one), and the compact cache it gathered them into (reused next
+    round). Full view: the round drafts straight into the cache and rolls back."""
+    model, length = state.target, state.cache.length
+    idx = policy.select(state)
+    if idx is None:
+        cache = state.cache
+    else:
+        cache = compact = state.cache.gather(idx, extra=kmax + 1, out=compact)
+    base = cache.length
+    positions = iter(torch.arange(length, length + kmax, device=model.device).split(1))
+
+    def block(ids: torch.Tensor | list[int]) -> Block:  # the compact cache keeps true positions
+        return Block(ids, cache, positions=next(positions), logits="last")
+
+    return DraftSteps(model, [state.tokens[-1]], kmax, block,
+                      finish=(lambda: cache.crop(base)) if idx is None else None), compact
 
 
 @dataclass
 class ModelDrafter(Drafter):
-    """A separate small LM sharing the target's tokenizer, with its own cache, computed under a
-    position-only KV policy (FullKV: every position).
+    """A separate small LM sharing the target's tokenizer, with its own cache.
 
-    Under a sparse policy (StreamingKV) the cache holds only what the policy can still show: the
+    A policy that scores positions (the recall index; with refresh off, a SnapKV-style static
+    view) scores the drafter's own cache from the drafter's own attention: its prefill's last
+    queries and, after each verification, the queries of the accepted tokens it catches up on (with
+    full attention). The cache then keeps every position, and each round drafts from the ones the
+    policy selects, as SelfDrafter does over the target's cache.
+
+    Under a position-only sparse policy (StreamingKV) the cache holds only what the policy can still show: the
     sinks and the window of the next query, evicted as the window moves on (in steps of EVICT_EVERY
     entries, so a compaction is amortised), prefill included. Its size, and a draft step's cost,
     are then flat in the context. Entries keep their RoPE positions: the cache holds positions
@@ -226,12 +239,13 @@ class ModelDrafter(Drafter):
     cache: KVCache | None = field(default=None, repr=False)
     _window: int = field(default=0, repr=False)  # the first non-sink position the cache holds
     _peak: int = field(default=0, repr=False)  # most entries per layer held at once
+    _own: DecodeState | None = field(default=None, repr=False)  # the drafter's cache, as a scored policy reads it
+    _compact: KVCache | None = field(default=None, repr=False)  # a scored policy's gathered view
 
-    def __post_init__(self) -> None:
-        if not self.policy.position_only:
-            raise KVPolicyError(
-                f"ModelDrafter computes its own KV under a position-only policy; {type(self.policy).__name__} "
-                "scores the target's cache, so it works with SelfDrafter. Use StreamingKV or FullKV here.")
+    @property
+    def scored(self) -> bool:
+        """Whether the policy scores positions (the cache then keeps them all)."""
+        return not self.policy.position_only
 
     @property
     def seen(self) -> int:
@@ -241,10 +255,12 @@ class ModelDrafter(Drafter):
     @property
     def windowed(self) -> bool:
         """Whether the cache drops what the policy no longer shows (a sparse position-only policy)."""
-        return not isinstance(self.policy, FullKV)
+        return not (isinstance(self.policy, FullKV) or self.scored)
 
     def held_entries(self, tokens: int) -> int:
         """The most entries per layer the cache holds between blocks at a context of `tokens`."""
+        if not self.windowed:
+            return tokens
         return min(tokens, tokens - self.policy.window_start(tokens) + self.policy.k_sink + self.EVICT_EVERY)
 
     def capacity(self, prompt: int) -> int:
@@ -257,8 +273,14 @@ class ModelDrafter(Drafter):
             raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
                                 "pass model=CausalLM(...)")
         n = state.prompt_len
-        self.cache = self.model.new_cache(self.capacity(n))
         self._window, self._peak = self.policy.k_sink, 0  # nothing evicted yet: positions [0, length) held
+        self.cache = self.model.new_cache(self.capacity(n))
+        if self.scored:
+            self._own = DecodeState(self.model, self.cache, state.tokens, n)
+            self.model.prefill(state.tokens[:n], self.cache, self.prefill_chunk, capture=self.policy.prefill_capture())
+            self.policy.start(self._own)
+            self._peak = self.cache.length
+            return
         for start in range(0, n, self.prefill_chunk):
             ids = state.tokens[start : min(start + self.prefill_chunk, n)]
             self.model.forward_many([self._block(ids, logits="none")])
@@ -289,6 +311,10 @@ class ModelDrafter(Drafter):
         self._window = first
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
+        if self.scored:
+            round_, self._compact = selected_steps(self._own, self.policy, kmax, self._compact)
+            round_.vocab = state.target.vocab_size
+            return round_
         # the first step catches up on every token the drafter has not processed (the pending one,
         # plus the verifier's correction or the last draft when all were accepted)
         return DraftSteps(self.model, state.tokens[self.seen :], kmax, self._block, vocab=state.target.vocab_size)
@@ -297,12 +323,23 @@ class ModelDrafter(Drafter):
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
         # drafter entries that lie on that sequence (they are the last ones, inside the window).
         valid = len(state.tokens) - 1
+        if self.scored:  # run the new real tokens through the drafter; its policy sees their queries
+            new = state.tokens[self.cache.length : valid]
+            if new:
+                self.model.forward(new, self.cache, capture=self.policy.verify_capture(), logits="none")
+                self.policy.update(self._own, len(new) - 1)
+            self._own.tokens = state.tokens
+            self._peak = max(self._peak, self.cache.length)
+            return
         if self.seen > valid:
             self.cache.crop(self.cache.length - (self.seen - valid))
         self._evict()
 
     def report(self) -> dict:
-        return {"drafter_kv_tokens": self._peak}
+        return {"drafter_kv_tokens": self._peak, **(self.policy.report() if self.scored else {})}
+
+    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
+        return self.policy.memory_bytes(n_layers, n_kv_heads, tokens) if self.scored else 0
 
 
 @dataclass

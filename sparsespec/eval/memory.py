@@ -298,7 +298,7 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
             held = drafter.held_entries(tokens) if hasattr(drafter, "held_entries") else tokens
             if new_tokens is None or held + kmax + 1 > capacity:
                 parts.append(Part("drafter KV cache growth", kv_bytes(drafter_model, capacity), "decode", True))
-            masked = policy is not None and policy.mask(0, 1, 1, "cpu") is not None
+            masked = policy is not None and policy.position_only and policy.mask(0, 1, 1, "cpu") is not None
             m = min(chunk, prompt)
             keys = min(prompt, capacity)  # the keys a prefill chunk attends to
             prefill = forward_transient_bytes(drafter_model, m, keys, masked=masked)
@@ -307,6 +307,10 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
                            "drafter start", False, largest_tensor_bytes(drafter_model, m, keys, masked)),
                       Part("decode step (drafter)", forward_transient_bytes(drafter_model, kmax + 1, held, masked)
                            + logits_bytes(drafter_model, 1), "decode", False)]
+            if policy is not None and not policy.position_only and not policy.covers(tokens):
+                # a scoring policy drafts from a compact copy of the entries it selects
+                parts.append(Part("drafter compact KV cache",
+                                  kv_bytes(drafter_model, policy.budget_for(tokens) + kmax + 1 + 64), "decode", True))
     elif policy is not None and not policy.covers(tokens):
         # self-speculation through a sparse view: a compact copy of the kept entries, gathered with
         # room for a draft and 64 entries of slack; when the budget outgrows it, the next copy is
