@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench  # noqa: E402
 
 from sparsespec.eval.summary import distinct_by_part  # noqa: E402
+from sparsespec.kv.policies import FullKV, StreamingKV  # noqa: E402
 from sparsespec.reports import bench_run  # noqa: E402
 from sparsespec.reports.bench import markdown as bench_markdown  # noqa: E402
 from sparsespec.reports.sections import write_section  # noqa: E402
@@ -264,6 +265,25 @@ def test_control_scores_far_copies_per_depth_and_budget_and_resumes(tmp_path):
     Checkpoint.open(str(tmp_path / "c.json"), settings, resume=False).add([kept])
     again = control.main([*args, "--resume"])
     assert again["windows"][0] == kept and again["windows"][1:] == report["windows"][1:]
+
+
+@pytest.mark.parametrize("view", [StreamingKV(budget=24, k_sink=4), StreamingKV(ratio=0.1, k_sink=4), FullKV()],
+                         ids=["budget", "ratio", "full"])
+def test_span_logits_read_only_what_reaches_the_spans_and_equal_the_whole_prefix(view):
+    from conftest import random_prompt, tiny_lm
+
+    from sparsespec.reports.agreement import reach, span_logits
+
+    lm, ids = tiny_lm("qwen2", layers=2), random_prompt(1400, seed=3)
+    prefix, spans = ids[:1300], [ids[1300:1340], ids[1340:1400]]
+    got = span_logits(lm.hf, prefix, spans, view)
+    for span, logits in zip(spans, got, strict=True):
+        seq = prefix + span
+        ref = lm.forward(seq, lm.new_cache(len(seq)), mask=view.mask(0, len(seq), len(seq)))[1300:]
+        torch.testing.assert_close(logits, ref, atol=5e-5, rtol=1e-4)  # summation order only
+    # two layers back: 1300 - 2 x 20 recent (budget); 1300 - 126, then 1174 - 114 (ratio); full reads all
+    expect = 0 if isinstance(view, FullKV) else 1260 if view.budget else 1060
+    assert reach(view, 2, 1300) == expect
 
 
 def test_figure1_scores_each_recipes_seeds_per_context_budget_and_text(tmp_path):

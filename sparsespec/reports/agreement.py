@@ -90,16 +90,38 @@ def held_out_windows(tokenizer, ctx: int, n_books: int, data: str | None) -> lis
 @torch.inference_mode()
 def greedy_on_spans(model, prefix: list[int], spans: list[list[int]], view: KVPolicy) -> list[torch.Tensor]:
     """The model's argmax at every position of each span, each read after the same `prefix`, its KV
-    computed under `view` (the ModelDrafter path: chunked prefill with mask_fn=view.mask, then the
-    span under view.mask; FullKV: plain causal). The prefix is prefilled once for all spans."""
+    computed under `view` (the ModelDrafter path: the prefix in chunks under the view's visibility,
+    then the span; FullKV: plain causal). The prefix is read once for all spans."""
+    return [logits.argmax(-1) for logits in span_logits(model, prefix, spans, view)]
+
+
+def reach(view: KVPolicy, n_layers: int, position: int) -> int:
+    """The oldest non-sink position that can still affect a query at `position` or later through
+    `n_layers` layers of a windowed view (each layer sees back to `view.window_start`)."""
+    for _ in range(n_layers):
+        position = max(view.window_start(position), 0)
+    return position
+
+
+def span_logits(model, prefix: list[int], spans: list[list[int]], view: KVPolicy) -> list[torch.Tensor]:
+    """float32 logits [len(span), V] of each span after `prefix` (greedy_on_spans). Under a streaming
+    view only the sinks and the prefix's last `reach` tokens can affect the spans, so only they are
+    read, at their true positions: the same logits as the whole prefix, at a cost flat in its length."""
     lm = CausalLM(model)
-    cache = lm.new_cache(len(prefix) + max(map(len, spans)))
-    lm.prefill(torch.tensor(prefix), cache, chunk=1024, mask_fn=view.mask)
-    start, out = cache.length, []
+    n = len(prefix)
+    first = reach(view, lm.n_layers, n)
+    held = torch.arange(n) if first <= view.k_sink else torch.cat([torch.arange(view.k_sink), torch.arange(first, n)])
+    ids, held = torch.tensor(prefix)[held], held.to(lm.device)
+    cache = lm.new_cache(len(held) + max(map(len, spans)))
+    for start in range(0, len(held), 1024):
+        pos = held[start : start + 1024]
+        lm.forward(ids[start : start + 1024], cache, positions=pos, mask=view.visible(pos, held[: start + len(pos)]),
+                   logits="none")
+    base, out = cache.length, []
     for span in spans:
-        mask = view.mask(start, len(span), start + len(span))
-        out.append(lm.forward(torch.tensor(span), cache, mask=mask).argmax(-1))
-        cache.crop(start)
+        pos = torch.arange(n, n + len(span), device=lm.device)
+        out.append(lm.forward(torch.tensor(span), cache, positions=pos, mask=view.visible(pos, torch.cat([held, pos]))))
+        cache.crop(base)
     return out
 
 
