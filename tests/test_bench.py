@@ -318,7 +318,7 @@ def test_figure1_scores_each_recipes_seeds_per_context_budget_and_text(tmp_path)
             assert cell["spread"] == pytest.approx(math.hypot(cell["seed_std"], cell["se"]))
             assert c[(ctx, "b", text, "full")]["seed_std"] == 0.0 and c[(ctx, "untrained", text, "32")]["seeds"] == 1
     text = markdown(report)
-    assert "**300**" in text and "| a | full |" in text and "| untrained | 32 |" in text and "Training: 7–7 steps" in text
+    assert "**300**" in text and "| a | full |" in text and "| untrained | 32 |" in text and "Training: 1 runs of 7–7 steps" in text
     plot(report, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
     # a stopped run resumes from its finished windows

@@ -133,9 +133,9 @@ def markdown(report: dict) -> str:
                     for t in texts) + " |")
     runs = [r for rs in report.get("training", {}).values() for r in rs if r.get("steps")]
     if runs:
-        lines += ["", f"Training: {min(r['steps'] for r in runs)}–{max(r['steps'] for r in runs)} steps a run, "
-                  f"{min(r['seconds'] for r in runs) / 60:.1f}–{max(r['seconds'] for r in runs) / 60:.1f} min each "
-                  f"({len(runs)} runs)."]
+        lines += ["", f"Training: {len(runs)} runs of {min(r['steps'] for r in runs)}–{max(r['steps'] for r in runs)} "
+                  f"steps, {min(r['seconds'] for r in runs) / 60:.1f}–{max(r['seconds'] for r in runs) / 60:.1f} min "
+                  "each (the longest include the teacher pass that fills the cache the other runs share)."]
     return "\n".join(lines) + "\n"
 
 
