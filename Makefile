@@ -27,8 +27,10 @@ demo: model
 	rm -rf outputs/demo
 	$(BIN)/python evaluate.py 'method=[ar,magicdec,sparsespec_l]' ctx=$(DEMO_CTX) dataset=pg19 dataset.split=eval limit=1 out_dir=outputs/demo
 
+# two test processes, each taking whole files: the subprocess and multi-rank tests wait on
+# interpreter start-up, so two of them overlap on two cores
 test: model
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # rebuild every results table and plot in README.md and docs/ from the committed files in results/
 docs: setup

@@ -75,7 +75,6 @@ def measure(ctx: int, *, distances: list[int], layers: list[int], budgets: list[
     """{settings..., windows: [{ctx, sample, texts}]}: every window's counts (score_window), the
     target at `model_path` (default: the embedded model) in float32."""
     from sparsespec.models.loading import load_model
-    from sparsespec.reports.agreement import book_title, held_out_samples
     from sparsespec.training.drafters import truncated
 
     tgt = load_model(model_path, "float32", ctx=ctx, device="cpu")
@@ -83,26 +82,39 @@ def measure(ctx: int, *, distances: list[int], layers: list[int], budgets: list[
     if any(not 1 <= n <= total for n in layers):
         raise ReportError(f"--layers: each between 1 and the target's {total} layers")
     drafters = {n: tgt.model if n == total else truncated(tgt.model, n).eval() for n in layers}
-    windows = []
-    t0 = time.perf_counter()
-    for offset in offsets:
-        for sample in held_out_samples(tgt.tokenizer, ctx, books, data, offset=offset):
-            sid = f"{book_title(sample)}@{offset}"
-            done = checkpoint.rows(ctx, sid, ["control"])
-            if done:
-                windows.append(done[0])
-                continue
-            counts = score_window(tgt.model, drafters, sample.prompt_ids, distances=distances, span=span,
-                                  warmup=warmup, budgets=budgets)
-            row = {"ctx": ctx, "sample": sid, "method": "control", "texts": counts}
-            checkpoint.add([row])
-            windows.append(row)
-            copies = ", ".join(f"{t} {c['target_copies'] / c['n']:.2f}" for t, c in counts.items() if t != PLAIN)
-            say(f"{sid}: done in {time.perf_counter() - t0:.0f} s (target copies: {copies})")
+    windows = score_windows(tgt.model, tgt.tokenizer, drafters, ctx, method="control", distances=distances, span=span,
+                            warmup=warmup, budgets=budgets, offsets=offsets, books=books, data=data,
+                            checkpoint=checkpoint, say=say)
     if not windows:
         raise ReportError(f"no held-out window of {ctx} tokens")
     return {"ctx": ctx, "distances": distances, "layers": layers, "total_layers": total,
             "budgets": [b or "full" for b in budgets], "span": span, "warmup": warmup, "windows": windows}
+
+
+def score_windows(target, tokenizer, drafters: dict, ctx: int, *, method: str, distances: list[int], span: int,
+                  warmup: int, budgets: list[int | None], offsets: list[float], books: int, data: str | None,
+                  checkpoint, say: Say = silent) -> list[dict]:
+    """Every held-out window's row {ctx, sample, method, texts: score_window's counts}, kept in the
+    checkpoint as it finishes and taken from it where an earlier run finished it."""
+    from sparsespec.reports.agreement import book_title, held_out_samples
+
+    windows = []
+    t0 = time.perf_counter()
+    for offset in offsets:
+        for sample in held_out_samples(tokenizer, ctx, books, data, offset=offset):
+            sid = f"{book_title(sample)}@{offset}"
+            done = checkpoint.rows(ctx, sid, [method])
+            if done:
+                windows.append(done[0])
+                continue
+            counts = score_window(target, drafters, sample.prompt_ids, distances=distances, span=span,
+                                  warmup=warmup, budgets=budgets)
+            row = {"ctx": ctx, "sample": sid, "method": method, "texts": counts}
+            checkpoint.add([row])
+            windows.append(row)
+            copies = ", ".join(f"{t} {c['target_copies'] / c['n']:.2f}" for t, c in counts.items() if t != PLAIN)
+            say(f"ctx {ctx}, {sid}: done in {time.perf_counter() - t0:.0f} s (target copies: {copies})")
+    return windows
 
 
 def cells(report: dict) -> dict[tuple[int, str, str], dict]:

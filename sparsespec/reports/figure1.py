@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import time
 from pathlib import Path
 
 from sparsespec.reports import ReportError, Say, silent
-from sparsespec.reports.control import PLAIN, labels, score_window
+from sparsespec.reports.control import PLAIN, labels, score_windows
 from sparsespec.reports.figures import pyplot, save_png
 
 
@@ -43,29 +42,18 @@ def measure(ctxs: list[int], groups: dict[str, list[str]], *, budgets: list[int 
             n_layers: int = 2, model_path: str | None = None, say: Say = silent) -> dict:
     """{settings..., windows: [{ctx, sample, texts}]}: every window's counts, each drafter seed keyed
     `LABEL#i`; the target and the drafters loaded for each ctx (YaRN past the trained positions)."""
-    from sparsespec.reports.agreement import book_title, held_out_samples, load_models
+    from sparsespec.reports.agreement import load_models
 
-    windows = []
-    t0 = time.perf_counter()
+    windows: list[dict] = []
     for ctx in ctxs:
         if max(distances) > ctx - span:
             raise ReportError(f"--distances: {max(distances)} does not fit a {ctx}-token window whose last "
                               f"{span} are copied (at most {ctx - span})")
         tgt, models = load_models(model_path, n_layers, groups, ctx)
         drafters = {f"{label}#{i}": m for label, seeds in models.items() for i, m in enumerate(seeds)}
-        for offset in offsets:
-            for sample in held_out_samples(tgt.tokenizer, ctx, books, data, offset=offset):
-                sid = f"{book_title(sample)}@{offset}"
-                done = checkpoint.rows(ctx, sid, ["figure1"])
-                if done:
-                    windows.append(done[0])
-                    continue
-                counts = score_window(tgt.model, drafters, sample.prompt_ids, distances=distances, span=span,
-                                      warmup=warmup, budgets=budgets)
-                row = {"ctx": ctx, "sample": sid, "method": "figure1", "texts": counts}
-                checkpoint.add([row])
-                windows.append(row)
-                say(f"ctx {ctx}, {sid}: done at {time.perf_counter() - t0:.0f} s")
+        windows += score_windows(tgt.model, tgt.tokenizer, drafters, ctx, method="figure1", distances=distances,
+                                 span=span, warmup=warmup, budgets=budgets, offsets=offsets, books=books, data=data,
+                                 checkpoint=checkpoint, say=say)
         del tgt, models, drafters
     return {"ctxs": ctxs, "groups": groups, "budgets": [b or "full" for b in budgets], "distances": distances,
             "span": span, "warmup": warmup, "windows": windows,
