@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from sparsespec.config import parse_ctx  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error, int_list  # noqa: E402
 from sparsespec.reports.checkpoint import add_checkpoint_args, checkpointed_report  # noqa: E402
-from sparsespec.reports.control import markdown  # noqa: E402
+from sparsespec.reports.control import add_text_args, markdown, text_args  # noqa: E402
 
 log = logging.getLogger("control")
 
@@ -31,27 +31,18 @@ log = logging.getLogger("control")
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ctx", default="4k", help="window length")
-    p.add_argument("--distances", default="200,700,2000,3800", help="copy distances D, in tokens")
     p.add_argument("--layers", default="2,8,16,30", help="drafter depths N (the target's layer count = itself)")
     p.add_argument("--budgets", default="64,256,1024,full", help="streaming KV budgets (tokens, or full)")
-    p.add_argument("--span", type=int, default=256, help="copied tokens at the end of each window")
-    p.add_argument("--warmup", type=int, default=16, help="first tokens of the span not scored")
-    p.add_argument("--offsets", default="0.02,0.3", help="where the windows start in each book (fractions)")
-    p.add_argument("--books", type=int, default=2, help="held-out books")
-    p.add_argument("--model", default=None, help="the target (default: the embedded model)")
-    p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
+    add_text_args(p, offsets="0.02,0.3")
     add_checkpoint_args(p, "windows")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         ctx = parse_ctx(args.ctx)
-        offsets = [float(o) for o in args.offsets.split(",")]
     except ValueError as e:
-        raise ReportError(f"--ctx / --offsets: {e}") from None
-    distances, layers = int_list("distances", args.distances), int_list("layers", args.layers)
-    budgets = int_list("budgets", args.budgets, full=True)
-    if not 0 <= args.warmup < args.span - 1:
-        raise ReportError(f"--warmup: between 0 and --span - 2 ({args.span - 2})")
+        raise ReportError(f"--ctx: {e}") from None
+    offsets, distances = text_args(args)
+    layers, budgets = int_list("layers", args.layers), int_list("budgets", args.budgets, full=True)
     from sparsespec.reports.control import measure
 
     settings = {"ctx": ctx, "distances": distances, "layers": layers, "budgets": budgets, "span": args.span,

@@ -267,6 +267,18 @@ def test_control_scores_far_copies_per_depth_and_budget_and_resumes(tmp_path):
     assert again["windows"][0] == kept and again["windows"][1:] == report["windows"][1:]
 
 
+@pytest.mark.parametrize("bad,match", [(["--warmup", "39", "--span", "40"], "--warmup"),
+                                       (["--offsets", "0.1,x"], "--offsets"), (["--distances", "9,y"], "--distances")])
+def test_far_copy_scripts_refuse_bad_text_options_before_loading_anything(tmp_path, bad, match):
+    import control
+    import figure1
+
+    for main, first in ((control.main, []), (figure1.main, ["untrained"])):
+        with pytest.raises(SystemExit, match=match):
+            main([*first, *bad, "--model", str(tmp_path / "missing"), "--json", str(tmp_path / "x.json")])
+    assert not list(tmp_path.iterdir())  # no partial result file
+
+
 @pytest.mark.parametrize("view", [StreamingKV(budget=24, k_sink=4), StreamingKV(ratio=0.1, k_sink=4), FullKV()],
                          ids=["budget", "ratio", "full"])
 def test_span_logits_read_only_what_reaches_the_spans_and_equal_the_whole_prefix(view):

@@ -23,10 +23,33 @@ import time
 from pathlib import Path
 
 from sparsespec.data.far_copy import far_copy
-from sparsespec.reports import ReportError, Say, silent
+from sparsespec.reports import ReportError, Say, int_list, silent
 from sparsespec.reports.figures import pyplot, save_png
 
 PLAIN = "plain"
+
+
+def add_text_args(p, offsets: str) -> None:
+    """The options of the scripts that score far-copy windows of the held-out books (control.py,
+    figure1.py): which windows, which copies, which positions."""
+    p.add_argument("--distances", default="200,700,2000,3800", help="copy distances D, in tokens")
+    p.add_argument("--span", type=int, default=256, help="copied tokens at the end of each window")
+    p.add_argument("--warmup", type=int, default=16, help="first tokens of the span not scored")
+    p.add_argument("--offsets", default=offsets, help="where the windows start in each book (fractions)")
+    p.add_argument("--books", type=int, default=2, help="held-out books")
+    p.add_argument("--model", default=None, help="the target (default: the embedded model)")
+    p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
+
+
+def text_args(args) -> tuple[list[float], list[int]]:
+    """The window offsets and copy distances of `add_text_args`' options, checked."""
+    try:
+        offsets = [float(o) for o in args.offsets.split(",")]
+    except ValueError:
+        raise ReportError(f"--offsets: comma-separated fractions, got {args.offsets!r}") from None
+    if not 0 <= args.warmup < args.span - 1:
+        raise ReportError(f"--warmup: between 0 and --span - 2 ({args.span - 2})")
+    return offsets, int_list("distances", args.distances)
 
 
 def labels(distances: list[int]) -> list[str]:
