@@ -18,10 +18,10 @@ from sparsespec.models.runner import CausalLM
 
 VOCAB = 61
 DEVICE = torch.device(os.environ.get("SPARSESPEC_TEST_DEVICE", "cpu"))
-# Several pytest workers share the cores: each takes its share of intra-op threads (the default, one
-# per core in every worker, oversubscribes them and spinning threads wait on each other).
+# Several pytest workers share the cores: each takes its share of torch's intra-op threads (the
+# default, one per core in every worker, oversubscribes them and spinning threads wait on each other).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 if DEVICE.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -17,6 +17,7 @@ ModelDrafter does), agreeing with the target's or not. `markdown` and `plot` ren
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
@@ -29,7 +30,7 @@ from sparsespec.reports.figures import pyplot, save_png
 PLAIN = "plain"
 
 
-def add_text_args(p, offsets: str) -> None:
+def add_text_args(p: argparse.ArgumentParser, offsets: str) -> None:
     """The options of the scripts that score far-copy windows of the held-out books (control.py,
     figure1.py): which windows, which copies, which positions."""
     p.add_argument("--distances", default="200,700,2000,3800", help="copy distances D, in tokens")
@@ -41,7 +42,7 @@ def add_text_args(p, offsets: str) -> None:
     p.add_argument("--data", default=None, help="PG-19-schema file, directory or hub id (default: the shipped books)")
 
 
-def text_args(args) -> tuple[list[float], list[int]]:
+def text_args(args: argparse.Namespace) -> tuple[list[float], list[int]]:
     """The window offsets and copy distances of `add_text_args`' options, checked."""
     try:
         offsets = [float(o) for o in args.offsets.split(",")]
