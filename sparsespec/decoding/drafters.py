@@ -19,12 +19,12 @@ from typing import ClassVar
 
 import torch
 
+from sparsespec.clock import DeviceClock
 from sparsespec.decoding.controllers import Controller
 from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
-from sparsespec.models.device import DeviceClock
 from sparsespec.models.runner import Block, CausalLM
 
 

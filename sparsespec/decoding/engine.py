@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparsespec.clock import DeviceClock
 from sparsespec.decoding.controllers import Controller, FixedK, RoundStats
 from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Proposal, draft
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_greedy_many, accept_speculative
 from sparsespec.kv.cache import KVCache
-from sparsespec.models.device import DeviceClock, to_device_ids
+from sparsespec.models.device import to_device_ids
 from sparsespec.models.runner import Block, CausalLM
 
 

@@ -8,7 +8,6 @@ in which every method's greedy output is token-identical to `ar`).
 from __future__ import annotations
 
 import re
-import time
 
 import torch
 
@@ -75,25 +74,3 @@ def to_device_ids(ids: list[int] | torch.Tensor, device: torch.device) -> torch.
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t if device.type == "cpu" else t.to(device)
-
-
-class DeviceClock:
-    """Times spans of device work. On CUDA a mark is a recorded event, read after the round's one
-    host synchronisation, so a span is the GPU's time for the work queued between two marks (the
-    host returns from a launch long before the kernel ends); elsewhere a mark is perf_counter."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> float | torch.cuda.Event:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def seconds(self, start: float | torch.cuda.Event, end: float | torch.cuda.Event) -> float:
-        """The span between two marks; on CUDA call it after a synchronisation that follows `end`."""
-        if self.cuda:
-            return start.elapsed_time(end) / 1000.0
-        return end - start
