@@ -131,32 +131,42 @@ def _known(v: object) -> bool:
 
 def provenance_text(prov: dict | None) -> str:
     """One provenance as a short phrase: commit, machine, load, date; each unrecorded field named
-    "unknown"; "provenance unknown" for none at all."""
+    "unknown"; "provenance unknown" for none at all. A file labelled after the fact carries
+    "committed_in" (the commit that added it: its code is that one or older) and may carry "engine"."""
     if not prov:
         return "provenance unknown"
     get = prov.get
     if _known(get("commit")):
         dirty = {True: " (dirty)", False: ""}.get(get("dirty"), " (dirty: unknown)")
         parts = [f"commit {str(get('commit'))[:7]}{dirty}"]
+    elif get("committed_in"):
+        on = f" on {get('committed_date')}" if get("committed_date") else ""
+        parts = [f"commit unknown (file committed in {str(get('committed_in'))[:7]}{on})"]
     else:
         parts = ["commit unknown"]
-    parts.append(str(get("cpu")) if _known(get("cpu")) else "CPU unknown")
-    cores = f"{get('cores')} cores" if _known(get("cores")) else "cores unknown"
-    threads = f"{get('threads')} threads" if _known(get("threads")) else "threads unknown"
-    parts.append(f"{cores} / {threads}")
+    machine = [k for k in ("cpu", "cores", "threads", "load_before", "load_after") if _known(get(k))]
+    if not machine:
+        parts.append("machine and load unknown")
+    else:
+        parts.append(str(get("cpu")) if _known(get("cpu")) else "CPU unknown")
+        cores = f"{get('cores')} cores" if _known(get("cores")) else "cores unknown"
+        threads = f"{get('threads')} threads" if _known(get("threads")) else "threads unknown"
+        parts.append(f"{cores} / {threads}")
+        if _known(get("load_before")) or _known(get("load_after")):
+            before = get("load_before") if _known(get("load_before")) else "?"
+            after = get("load_after") if _known(get("load_after")) else "?"
+            parts.append(f"load {before} → {after}")
+        else:
+            parts.append("load unknown")
     if _known(get("gpu")):
         parts.append(str(get("gpu")))
-    elif get("gpu") == UNKNOWN:
+    elif get("gpu") == UNKNOWN and machine:  # an unknown machine already says it
         parts.append("GPU unknown")
-    if _known(get("load_before")) or _known(get("load_after")):
-        before = get("load_before") if _known(get("load_before")) else "?"
-        after = get("load_after") if _known(get("load_after")) else "?"
-        parts.append(f"load {before} → {after}")
-    else:
-        parts.append("load unknown")
     if _known(get("torch")):
         parts.append(f"torch {get('torch')}")
     parts.append(str(get("date"))[:10] if _known(get("date")) else "date unknown")
+    if get("engine"):
+        parts.append(f"engine: {get('engine')}")
     if get("note"):
         parts.append(str(get("note")))
     return ", ".join(parts)

@@ -26,6 +26,9 @@ def test_committed_docs_are_what_their_results_files_give():
     for specs in found.values():
         for spec in specs:  # every section cites files inside results/
             assert all(p.startswith("results/") for p in shlex.split(spec)[1:] if "=" not in p), spec
+    for doc in docs.rebuild.docs_files(ROOT):  # and says where its numbers came from, under its table
+        for m in docs.rebuild.MARKER.finditer(doc.read_text(encoding="utf-8")):
+            assert "<sub>Provenance" in m["body"], f"{doc.name}: {m['spec']}"
 
 
 def _report(tok_s: float) -> dict:
@@ -65,6 +68,7 @@ def test_sections_are_rebuilt_from_their_files_and_stale_ones_are_found(tmp_path
     assert "![s](img/s.png)" in text and (tmp_path / "docs" / "img" / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert "| niah_single | 4k | 1 | 1.00 | 8.00 | 2.00 (0.50, 2.00) | yes |" in text
     assert "Made by `python evaluate.py dataset=ruler`." in text
+    assert text.count("<sub>Provenance unknown.</sub>") == 3  # none of these files recorded it
     png = (tmp_path / "docs" / "img" / "s.png").read_bytes()
     assert docs.main(["--check"], root=tmp_path) == 0 and docs.main([], root=tmp_path) == 0
     assert (tmp_path / "docs" / "img" / "s.png").read_bytes() == png  # same numbers, same bytes

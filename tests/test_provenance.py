@@ -19,7 +19,13 @@ def test_the_line_names_what_is_unknown_and_never_guesses():
                                            "cores": 2, "threads": 2, "gpu": None, "load_before": 0.3,
                                            "load_after": 0.5, "date": "2026-12-07T10:00:00Z"}})
     assert line == "<sub>Provenance: commit 0123456 (dirty), AMD EPYC, 2 cores / 2 threads, load 0.3 → 0.5, 2026-12-07.</sub>"
-    partial = provenance_line({"provenance": {"commit": "0123456789", "cpu": "unknown", "note": "machine not recorded"}})
+    partial = provenance_line({"provenance": {"commit": "0123456789", "cpu": "unknown", "threads": 2,
+                                              "note": "machine not recorded"}})
     assert "commit 0123456 (dirty: unknown)" in partial and "CPU unknown" in partial and "load unknown" in partial
-    assert "date unknown" in partial and partial.endswith("machine not recorded.</sub>")
+    assert "cores unknown / 2 threads" in partial and "date unknown" in partial
+    assert partial.endswith("machine not recorded.</sub>")
+    late = provenance_line({"provenance": {"commit": "unknown", "committed_in": "fedcba9876", "committed_date": "2026-12-04",
+                                           "engine": "PyTorch's attention"}})
+    assert late == ("<sub>Provenance: commit unknown (file committed in fedcba9 on 2026-12-04), machine and load unknown, "
+                    "date unknown, engine: PyTorch's attention.</sub>")
     assert provenance_line({"rows": []}) == "<sub>Provenance unknown.</sub>"

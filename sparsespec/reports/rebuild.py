@@ -8,8 +8,10 @@ A marked section is everything between
 
 PATH is a results file (`.json`, a report of a script in scripts/) or an evaluate.py run
 directory (every results file of the run, shards included, and its command.txt), relative to the
-repository root; globs are expanded. Each section ends with the command that made its numbers and
-a link to them. A `plot.*` renderer also writes the PNG named by `img=`.
+repository root; globs are expanded. Each section ends with the command that made its numbers, a
+link to them and where they came from (the "provenance" of a report, an evaluate.py run's
+provenance.json: commit, machine, load; sparsespec.provenance). A `plot.*` renderer also writes the
+PNG named by `img=`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from pathlib import Path
 
 from sparsespec.config import parse_ctx
 from sparsespec.eval.summary import load_results
+from sparsespec.provenance import provenance_text
 from sparsespec.reports import ReportError
 from sparsespec.reports.renderers import PLOTS, RENDERERS
 
+PROVENANCE_FILE = "provenance.json"  # an evaluate.py run's provenance: one per process that wrote rows
 MARKER = re.compile(r"^<!-- results: (?P<spec>.+?) -->\n(?P<body>.*?)^<!-- /results -->$", re.M | re.S)
 DOCS = ("README.md", "docs/*.md")
 
@@ -43,11 +47,14 @@ def load_source(path: Path, root: Path) -> dict:
         except FileNotFoundError:
             raise DocsError(f"{label}: no results file (an evaluate.py out_dir is expected)") from None
         cmd = path / "command.txt"
-        return {"label": label, "rows": rows,
+        prov = path / PROVENANCE_FILE
+        provs = json.loads(prov.read_text(encoding="utf-8")) if prov.is_file() else []
+        return {"label": label, "rows": rows, "provenance": provs if isinstance(provs, list) else [provs],
                 "commands": cmd.read_text(encoding="utf-8").splitlines() if cmd.is_file() else []}
     if path.suffix == ".json":
         report = json.loads(path.read_text(encoding="utf-8"))
         return {"label": label, "report": report, "rows": report.get("rows", []),
+                "provenance": [report["provenance"]] if report.get("provenance") else [],
                 "commands": [report["command"]] if report.get("command") else []}
     raise DocsError(f"{label}: not a .json report or an evaluate.py run directory")
 
@@ -78,7 +85,26 @@ def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
     commands = list(dict.fromkeys(c for s in sources for c in s["commands"]))
     files = ", ".join(f"[`{s['label']}`]({_rel(root / s['label'], doc)})" for s in sources)
     made = "; ".join(f"`{c}`" for c in commands) or "not recorded"
-    return f"{body.rstrip()}\n\n<sub>Made by {made}. Data: {files}.</sub>\n"
+    footer = f"<sub>Made by {made}. Data: {files}.</sub>\n"
+    if "Provenance" not in body:  # a renderer may print it itself
+        footer += f"\n{provenance_footer(sources)}\n"
+    return f"{body.rstrip()}\n\n{footer}"
+
+
+def provenance_footer(sources: list[dict]) -> str:
+    """The provenance line under a section: one phrase if every source shares it, else each phrase
+    after the files it belongs to."""
+    texts: dict[str, list[str]] = {}
+    for s in sources:
+        for prov in s.get("provenance") or [None]:
+            labels = texts.setdefault(provenance_text(prov), [])
+            if s["label"] not in labels:
+                labels.append(s["label"])
+    if len(texts) == 1:
+        text = next(iter(texts))
+        return "<sub>Provenance unknown.</sub>" if text == "provenance unknown" else f"<sub>Provenance: {text}.</sub>"
+    return "<sub>Provenance: " + "; ".join(f"{', '.join(f'`{x}`' for x in labels)}: {text}"
+                                           for text, labels in texts.items()) + ".</sub>"
 
 
 def _rel(target: Path, doc: Path) -> str:
