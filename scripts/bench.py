@@ -87,9 +87,11 @@ def main(argv=None) -> dict:
         return report
     import torch
 
+    from sparsespec.provenance import Provenance
     from sparsespec.reports.bench_run import BenchPlan, measure
     from sparsespec.reports.checkpoint import Checkpoint
 
+    prov = Provenance.begin()
     torch.set_num_threads(args.threads or torch.get_num_threads())
     plan = BenchPlan(ctxs=[parse_ctx(c) for c in args.ctx.split(",")], specs=[s for s in args.methods.split(",") if s],
                      new_tokens=args.new_tokens, repeats=args.repeats, warmup=args.warmup,
@@ -99,6 +101,7 @@ def main(argv=None) -> dict:
     checkpoint = Checkpoint.open(args.json, plan.settings(), args.resume)
     report = {"args": vars(args), **measure(plan, checkpoint, log.info),
               "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    report["provenance"] = checkpoint.provenance(prov)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))

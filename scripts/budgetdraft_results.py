@@ -48,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sparsespec.provenance import Provenance  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
 from sparsespec.reports.budgetdraft import markdown, plot  # noqa: E402
 from sparsespec.reports.sections import write_section  # noqa: E402
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.engine_drafters = [d for d in args.engine_drafters if d in groups]
     if args.own_ctx is not None and args.own_tokens % 4:
         raise ReportError(f"--own-tokens {args.own_tokens}: must be a multiple of 4 (the table has quarters)")
+    prov = Provenance.begin()
     results: dict = {"command": shlex.join(["python", "scripts/budgetdraft_results.py", *(argv or sys.argv[1:])]),
                      "args": vars(args), "groups": groups, "rows": [], "engine": [], "own": []}
     if args.own_ctx is not None:
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
                                              repeats=args.engine_repeats, new_tokens=args.new_tokens,
                                              data=args.data, say=say)
         del models, tgt
+    results["provenance"] = prov.end()
     results["markdown"] = markdown(results)
     print(results["markdown"])
     if args.plot:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sparsespec.config import parse_ctx  # noqa: E402
+from sparsespec.provenance import Provenance  # noqa: E402
 from sparsespec.reports import ReportError, exit_on_error  # noqa: E402
 from sparsespec.reports.drafter_kv import measure, table  # noqa: E402
 
@@ -37,8 +38,10 @@ def main(argv=None) -> dict:
         raise ReportError(f"--ctx: {e}") from None
     if args.steps < 5:
         raise ReportError("--steps: at least 5 (the first 3 are not counted)")
+    prov = Provenance.begin()
     report = {**measure(ctxs, args.steps, args.budget, args.layers, print),
               "command": "python scripts/drafter_kv.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    report["provenance"] = prov.end()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sparsespec.provenance import Provenance  # noqa: E402
 from sparsespec.reports import dtypes  # noqa: E402
 
 
@@ -26,8 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ctx", "samples", "new_tokens"):
         if getattr(args, key) <= 0:
             ap.error(f"--{key.replace('_', '-')} must be positive")
+    prov = Provenance.begin()
     report = dtypes.measure(args.ctx, args.samples, args.new_tokens, args.methods.split(","),
                             say=lambda s: print(s, file=sys.stderr, flush=True))
+    report["provenance"] = prov.end()
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")

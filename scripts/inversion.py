@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sparsespec.provenance import Provenance  # noqa: E402
 from sparsespec.reports import exit_on_error  # noqa: E402
 from sparsespec.reports.inversion import markdown, plot, sweep_rows, sweep_specs  # noqa: E402
 from sparsespec.reports.sections import write_section  # noqa: E402
@@ -59,6 +60,7 @@ def main(argv=None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    prov = Provenance.begin()
     ctx = parse_ctx(args.ctx)
     loaded = load_model(args.model_path, args.dtype, ctx=ctx + args.new_tokens)
     target = CausalLM(loaded.model)
@@ -76,7 +78,8 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"args": vars(args), "rows": rows,
-              "command": "python scripts/inversion.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "command": "python scripts/inversion.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "provenance": prov.end()}
     (out / "inversion.json").write_text(json.dumps(report, indent=1))
     plot(rows, out / "inversion.png", f"{args.method}, ctx {args.ctx}, ratio {args.ratio}")
     table = markdown(report, out / "inversion.png")

@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sparsespec.config import parse_ctx  # noqa: E402
+from sparsespec.provenance import Provenance  # noqa: E402
 from sparsespec.reports import exit_on_error  # noqa: E402
 from sparsespec.reports.soak import markdown, plot, summary  # noqa: E402
 
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     text = source_text(args.text)
     t0 = time.perf_counter()
+    prov = Provenance.begin()
     runs = []
     report = {"args": vars(args), "runs": runs,
               "command": shlex.join(["python", "scripts/soak.py", *(sys.argv[1:] if argv is None else argv)])}
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("ctx %d: %d tokens in %.1f s after a %.1f s prefill, acceptance %s, decode RSS growth %.1f MiB "
                  "(%s)", ctx, r["new_tokens"], r["wall_s"], r["prefill_s"], r["acceptance_rate"],
                  r["decode_growth_mib"], "bounded" if r["bounded"] else "GROWING")
+        report["provenance"] = prov.end()  # so far: a crash keeps the rest, with where it came from
         (out / "soak.json").write_text(json.dumps(report, indent=1))  # after every ctx: a crash keeps the rest
     plot(runs, out / "soak.png")
     print(json.dumps(summary(runs), indent=1))

@@ -189,6 +189,9 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
     fresh = bench.main([a for a in argv if a not in ("--json", str(out))])
     assert [r["output_ids"] for r in resumed["rows"]] == [r["output_ids"] for r in fresh["rows"]]
     assert all(r["identical_ar"] for r in resumed["rows"])
+    # each report says where it came from, and that part of it was an earlier run's
+    assert json.loads(out.read_text())["provenance"]["note"] == "resumed: 2 rows from an earlier run"
+    assert "note" not in fresh["provenance"] and len(fresh["provenance"]["commit"]) == 40
     assert [r["sample"] for r in resumed["rows"]] == [r["sample"] for r in fresh["rows"]]
     md = tmp_path / "b.md"
     rerendered = bench.main(["--render", str(out), "--write", str(md), "--name", "r"])  # runs nothing

@@ -186,6 +186,9 @@ def test_evaluate_method_list_output_contract(env, tmp_path):
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == PNG, name
     assert (out / "config.yaml").is_file() and (out / "run.json").is_file()
+    # where the rows were made: the code, the machine and its load, once per process that wrote rows
+    [prov] = json.loads((out / "provenance.json").read_text())
+    assert prov["rows"] == 6 and len(prov["commit"]) == 40 and prov["cores"] >= 1 and prov["wall_s"] > 0
     # the command that made the results, kept beside them (tables built from them cite it)
     command = (out / "command.txt").read_text().splitlines()
     assert command == ["python evaluate.py " + " ".join(base_overrides(env, out, "'method=[ar,magicdec,sparsespec_l]'",

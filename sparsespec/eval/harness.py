@@ -47,6 +47,7 @@ from sparsespec.eval.results import (
 from sparsespec.eval.summary import headline, load_results, to_markdown, write_reports
 from sparsespec.kv.policies import FullKV
 from sparsespec.models.runner import CausalLM
+from sparsespec.provenance import Provenance
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,15 @@ def _validate(cfg: DictConfig, method_cfgs: list[DictConfig] | None) -> None:
 
 
 COMMAND_FILE = "command.txt"  # the command line(s) that wrote out_dir, one per distinct invocation
+PROVENANCE_FILE = "provenance.json"  # where each process that wrote rows ran (sparsespec.provenance): a list
+
+
+def add_provenance(out_dir: Path, prov: dict) -> None:
+    """Append one process's provenance to out_dir's list (under the shared lock: shards append too)."""
+    path = out_dir / PROVENANCE_FILE
+    with RunLock(out_dir / SHARED_LOCK):
+        known = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+        write_atomic(path, json.dumps([*known, prov], indent=1) + "\n")
 
 
 def run_evaluation(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None, command: str | None = None) -> Path:
@@ -191,6 +201,7 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
     from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_model
 
     # -- validate everything that needs no model ----------------------------------------------------
+    prov = Provenance.begin()
     _validate(cfg, method_cfgs)
     methods = build_methods(method_cfgs or [cfg.method], cfg.baseline)
     try:
@@ -324,6 +335,8 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
                 if row.get("exact_match_ar") is False:
                     log.error("%s on %s is NOT identical to ar: a correctness bug", method.name, sample.sample_id)
     bar.close()
+    if todo:  # the rows this process wrote, and where
+        add_provenance(out_dir, {**prov.end(), "rows": len(todo)})
     rows, files, reports = _write_summary(out_dir, results)
     print(to_markdown(reports["summary"]))
     for sentence in headline(rows):

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sparsespec.provenance import Provenance
 from sparsespec.reports import ReportError
 
 
@@ -56,6 +57,14 @@ class Checkpoint:
             Path(path).write_text(json.dumps(report, indent=1))
         self.close()
 
+    def provenance(self, prov: Provenance) -> dict:
+        """The provenance of a report measured since `prov` began, saying whether rows came from an
+        earlier run that this one resumed (their provenance is that run's, not kept)."""
+        out = prov.end()
+        if self.done:
+            out["note"] = f"resumed: {len(self.done)} rows from an earlier run"
+        return out
+
     def close(self) -> None:
         """The run finished and its report holds everything: the checkpoint has done its job."""
         if self.path is not None:
@@ -72,10 +81,13 @@ def checkpointed_report(script: str, args, argv: list[str] | None, settings: dic
                         measure: Callable[[Checkpoint], dict], markdown: Callable[[dict], str]) -> dict:
     """A long script's run: the checkpoint beside args.json (resumed with args.resume when it was
     written with the same `settings`), `measure` into it, then the finished report (the arguments,
-    what was measured and the command that made it) saved, printed as markdown and returned."""
+    what was measured, the command that made it and its provenance) saved, printed as markdown and
+    returned."""
+    prov = Provenance.begin()
     checkpoint = Checkpoint.open(args.json, settings, args.resume)
     report = {"args": vars(args), **measure(checkpoint),
               "command": f"python scripts/{script} " + " ".join(sys.argv[1:] if argv is None else argv)}
+    report["provenance"] = checkpoint.provenance(prov)
     checkpoint.save(report, args.json)
     print(markdown(report))
     return report
