@@ -6,6 +6,7 @@ scripts/gpu_check.sh on a GPU machine)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import DEVICE, random_prompt, tiny_lm
 from fake_cuda import MS_PER_EVENT, install
 
@@ -64,3 +65,143 @@ def test_the_recall_index_cost_is_device_time(monkeypatch):
     assert res.extra["index_updates"] > 0
     assert res.extra["index_update_s"] == pytest.approx(res.extra["index_updates"] * span)
     assert res.extra["index_seed_s"] == pytest.approx(span)
+
+
+# -- flash-attn: decided once, imported once, refused when too old or broken -----------------------
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """Writes a `flash_attn` package on the path (its __init__ as given) and makes the choice anew."""
+    import sys
+
+    from sparsespec.models import attention
+
+    def make(init: str) -> None:
+        (tmp_path / "flash_attn").mkdir()
+        (tmp_path / "flash_attn" / "__init__.py").write_text(init)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+        attention.flash_attn_func.cache_clear()
+
+    yield make
+    attention.flash_attn_func.cache_clear()
+    sys.modules.pop("flash_attn", None)
+
+
+CUDA, BF16 = torch.device("cuda"), torch.bfloat16
+
+
+def _flash_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "flash-attn" in r.getMessage()]
+
+
+def test_flash_attn_older_than_2_1_is_not_used_and_said_once(stand_in, caplog):
+    from sparsespec.models.attention import flash_attn_applies
+
+    stand_in("__version__ = '2.0.9'\ndef flash_attn_func(*a, **k):\n    raise AssertionError('called')\n")
+    assert not any(flash_attn_applies(CUDA, BF16) for _ in range(3))
+    lines = _flash_lines(caplog)
+    assert len(lines) == 1 and "2.0.9 is older than 2.1" in lines[0] and "PyTorch's attention" in lines[0]
+
+
+def test_flash_attn_that_fails_to_import_is_not_used_and_said_once(stand_in, caplog):
+    from sparsespec.models.attention import flash_attn_applies
+
+    stand_in("raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
+    assert not any(flash_attn_applies(CUDA, BF16) for _ in range(3))
+    lines = _flash_lines(caplog)
+    assert len(lines) == 1 and "cannot be imported (ImportError: flash_attn_2_cuda.so" in lines[0]
+
+
+def test_a_usable_flash_attn_is_imported_once(stand_in, caplog):
+    from sparsespec.models import attention
+
+    stand_in("import builtins\nbuiltins.flash_attn_imports = getattr(builtins, 'flash_attn_imports', 0) + 1\n"
+             "__version__ = '2.6.3'\ndef flash_attn_func(*a, **k):\n    return 'flash'\n")
+    import builtins
+
+    builtins.flash_attn_imports = 0
+    assert all(attention.flash_attn_applies(CUDA, BF16) for _ in range(3))
+    assert not attention.flash_attn_applies(CUDA, torch.float32)  # fp32: PyTorch's kernels
+    assert not attention.flash_attn_applies(torch.device("cpu"), BF16)
+    assert attention.flash_attn_func()() == "flash" and builtins.flash_attn_imports == 1
+    assert not _flash_lines(caplog)
+    del builtins.flash_attn_imports
+
+
+# -- float32 where the ranking is decided ---------------------------------------------------------
+
+
+def test_attention_mass_of_bf16_queries_and_keys_is_the_float32_one(monkeypatch):
+    """The path a GPU takes (the CPU kernel off): q.k^T accumulated in float32, not rounded to bf16
+    before the exp (which moves every probability by up to ~2^-8 of its score)."""
+    from sparsespec.kernels import cpu_attention
+    from sparsespec.kv import capture
+
+    monkeypatch.setattr(cpu_attention, "applies", lambda q, k: False)
+    monkeypatch.setattr(capture, "KEY_CHUNK", 64)  # the chunked upcast, as for a long cache
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, c, total, d = 8, 2, 5, 300, 64
+    q = (3 * torch.randn(hq, c, d, generator=g)).bfloat16()
+    k = torch.randn(hkv, total, d, generator=g).bfloat16()
+    scale = d ** -0.5
+    s = (q.float().reshape(hkv, 4 * c, d) @ k.float().transpose(1, 2)).view(hkv, 4, c, total) * scale
+    s = s.masked_fill(~capture.causal_block_mask(c, total)[None, None], float("-inf"))
+    lse = torch.logsumexp(s, -1).reshape(hq, c)
+    want = torch.softmax(s, -1).sum(1)
+    got = capture.attention_mass(q, lse, k, scale)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_logits_are_float32_products_and_the_fallback_is_said_once(caplog):
+    from sparsespec import precision
+
+    precision._NO_OUT_DTYPE.discard("cpu")  # learnt anew in this test
+    lm = tiny_lm()
+    lm.lm_head.to(torch.bfloat16)
+    h = torch.randn(3, lm.lm_head.in_features, generator=torch.Generator().manual_seed(1)).bfloat16().to(lm.device)
+    with caplog.at_level("INFO", logger="sparsespec.precision"):
+        outs = [lm._logits(h) for _ in range(3)]
+    want = torch.nn.functional.linear(h.float(), lm.lm_head.weight.float())
+    for out in outs:
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, want)
+    lines = [r.getMessage() for r in caplog.records]
+    if DEVICE.type == "cpu":
+        assert len(lines) == 1 and lines[0].startswith("the lm_head's float32 logits: no float32-output")
+
+
+# -- the masked path: one fused call, no repeated K/V ----------------------------------------------
+
+
+@pytest.mark.parametrize("lse_rows", [0, 3])
+def test_masked_prefill_chunk_folds_the_group_into_rows_and_equals_the_reference(monkeypatch, lse_rows):
+    """A sparse view's mask over a prefill chunk (more rows than a decode step): SDPA gets as many
+    query heads as KV heads (no enable_gqa, which with a mask repeats K/V in the math backend), and
+    the output is the plain masked attention of every query head."""
+    import torch.nn.functional as F
+
+    from sparsespec.models import attention
+
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, **kw):
+        calls.append((q.shape[-3], k.shape[-3], kw.get("enable_gqa", False), kw.get("attn_mask") is not None))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", sdpa)
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, n, total, d = 8, 2, attention.SMALL_QUERY_BLOCK + 36, 300, 16
+    q, k, v = (torch.randn(*s, generator=g).to(DEVICE) for s in ((hq, n, d), (hkv, total, d), (hkv, total, d)))
+    mask = (torch.rand(n, total, generator=g) > 0.4).to(DEVICE)
+    mask[:, 0] = True  # every row sees a key
+    out, lse = attention.attend(q, k, v, 0.25, mask=mask, lse_rows=lse_rows)
+    assert calls == [(hkv, hkv, False, True)]
+    kr, vr = k.repeat_interleave(hq // hkv, 0), v.repeat_interleave(hq // hkv, 0)
+    s = (q @ kr.transpose(1, 2) * 0.25).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(s, -1) @ vr, rtol=1e-5, atol=1e-5)
+    if lse_rows:
+        torch.testing.assert_close(lse, torch.logsumexp(s[:, n - lse_rows :], -1))

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from sparsespec.kernels import cpu_attention
+from sparsespec.precision import matmul_fp32
+
+KEY_CHUNK = 8192  # keys upcast at a time where the device has no float32-output matmul
 
 
 @dataclass
@@ -38,15 +41,17 @@ def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: f
 
     q: [Hq, c, D] (after RoPE, as attended); lse: [Hq, c] from `attend(lse_rows=...)`; k: [Hkv, T, D].
     exp(q.k * scale - lse) is each probability exactly, so no max/sum pass over the keys is needed:
-    one matmul over the keys, one exp, one sum over the group.
+    one matmul over the keys, one exp, one sum over the group. The scores are accumulated in
+    float32 whatever the cache's dtype (as the CPU kernel does): rounded to bfloat16 before the exp,
+    they would pick other top-k positions than the same index on the CPU.
     """
     hq, c, d = q.shape
     hkv, total, _ = k.shape
     if c <= total and cpu_attention.applies(q, k):  # one streaming pass over the keys for all rows
         return cpu_attention.attention_mass(q, lse, k, scale)
     group = hq // hkv
-    s = q.reshape(hkv, group * c, d) @ k.transpose(1, 2)  # [Hkv, G*c, T]
-    s = s.float() if s.dtype != torch.float32 else s
+    s = matmul_fp32(q.reshape(hkv, group * c, d), k.transpose(1, 2), "the recall index's attention mass",
+                    chunk=KEY_CHUNK)  # [Hkv, G*c, T]
     s = s.mul_(scale).sub_(lse.reshape(hkv, group * c, 1)).exp_().view(hkv, group, c, total)
     tail = min(c, total)  # query j (of c) sees keys up to total - c + j: zero the later ones
     s[..., total - tail :].masked_fill_(~causal_block_mask(c, tail, q.device)[-c:], 0.0)

@@ -22,13 +22,19 @@ where PyTorch's kernels read a long cache well below the machine's bandwidth. Th
 (`fused_kernel`): PyTorch's CPU flash kernel; on CUDA its FlashAttention-2 kernel (fp16/bf16) or
 its memory-efficient kernel (fp32). With flash-attn installed (the `gpu` extra) a CUDA call in
 fp16/bf16 is one `flash_attn_func` call instead (GQA and the bottom-right causal block natively).
+Whether flash-attn is used is decided once per process (`flash_attn_func`): a build that does not
+import (compiled for another torch) or is older than 2.1 (which aligns a causal block of fewer
+queries than keys to the top left, so verification would attend to the wrong keys) is logged once
+and PyTorch's kernels run instead.
 Explicit masks (the sparse views of small drafters, training parity) take the reference path,
 which also serves as the oracle in tests.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import logging
 from collections.abc import Callable
 
 import torch
@@ -36,6 +42,8 @@ import torch.nn.functional as F
 
 from sparsespec.kernels import cpu_attention
 from sparsespec.kv.capture import causal_block_mask
+
+log = logging.getLogger(__name__)
 
 # Up to this many queries the causal block of new tokens is computed directly (decode, drafting,
 # verification: a few rows over n keys); above it (prefill chunks) by a fused causal call.
@@ -52,7 +60,39 @@ Fused = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[
 # The fused CPU kernel that also returns the log-sum-exp of each query row (private aten op, present
 # since torch 2.2); without it every CPU call takes the reference path.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # the `gpu` extra
+# flash-attn aligns a causal block of fewer queries than keys to the bottom right from 2.1 on
+FLASH_ATTN_MIN = (2, 1)
+
+
+@functools.cache
+def flash_attn_func() -> Callable | None:
+    """flash-attn's `flash_attn_func` where it can run our calls correctly, else None: decided (and
+    imported) once per process, with one logged line naming why it is not used."""
+    if importlib.util.find_spec("flash_attn") is None:  # not installed (the `gpu` extra): nothing to say
+        return None
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func as func
+    except Exception as e:  # a build for another torch or CUDA fails here (undefined symbol, OSError)
+        log.warning("flash-attn is installed but cannot be imported (%s: %s); PyTorch's attention kernels run "
+                    "instead", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+    version = str(getattr(flash_attn, "__version__", "0"))
+    if _version_tuple(version) < FLASH_ATTN_MIN:
+        log.warning("flash-attn %s is older than %d.%d, which aligns a causal block of fewer queries than keys to "
+                    "the top left (verification would be wrong); PyTorch's attention kernels run instead",
+                    version, *FLASH_ATTN_MIN)
+        return None
+    return func
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return (0,)
 
 
 def _fused_cpu(q, k, v, scale, causal):
@@ -73,7 +113,7 @@ def _fused_cuda_efficient(q, k, v, scale, causal):
 
 def flash_attn_applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `attend` hands the default visibility to flash-attn (installed, CUDA, fp16/bf16)."""
-    return device.type == "cuda" and _HAS_FLASH_ATTN and dtype in (torch.float16, torch.bfloat16)
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_attn_func() is not None
 
 
 def fused_kernel(q: torch.Tensor) -> Fused | None:
@@ -121,9 +161,7 @@ def attend(
 def _attend_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """flash-attn (the `gpu` extra) in one call: GQA natively, the causal block aligned to the end of
     the keys (flash-attn >= 2.1), the LSE returned. Its layout is [B, S, H, D]: views, no copies."""
-    from flash_attn import flash_attn_func
-
-    out, lse, _ = flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+    out, lse, _ = flash_attn_func()(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                   softmax_scale=scale, causal=True, return_attn_probs=True)
     return out[0].transpose(0, 1), lse[0].float()
 
@@ -201,18 +239,25 @@ def _attend_reference(q, k, v, scale, mask, lse_rows=0):
     hkv, total, _ = k.shape
     group = hq // hkv
     if n > SMALL_QUERY_BLOCK:
-        if mask is None and n == total:  # plain causal: SDPA needs no mask
-            out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
+        if mask is None and n == total:  # plain causal: SDPA needs no mask (and its flash kernel does GQA)
+            out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
+                                                 enable_gqa=True)[0]
         else:
+            # SDPA with a mask and enable_gqa takes the math backend, which repeats K and V G times and
+            # builds the scores; the G query heads of a KV group folded into its rows instead (row
+            # g * n + i is head g's query i, so the mask repeats G times) give one fused call that
+            # reads every key once per KV head
             m = causal_block_mask(n, total, q.device) if mask is None else mask
-            out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, scale=scale, enable_gqa=True)
+            rows = m if group == 1 else m.repeat(group, 1)  # [G*n, T] bool: G*n bytes per key
+            out = F.scaled_dot_product_attention(q.reshape(hkv, group * n, d)[None], k[None], v[None],
+                                                 attn_mask=rows, scale=scale)[0].reshape(hq, n, d)
         if not lse_rows:
-            return out[0], None
+            return out, None
         # SDPA keeps no LSE: one pass over the keys for the captured rows only (the last lse_rows
         # rows of the causal mask are causal_block_mask(lse_rows, total))
         rows = causal_block_mask(lse_rows, total, q.device) if mask is None else mask[n - lse_rows :]
         scores = _scores(q[:, n - lse_rows :], k, scale, rows, group)
-        return out[0], torch.logsumexp(scores, -1).reshape(hq, lse_rows)
+        return out, torch.logsumexp(scores, -1).reshape(hq, lse_rows)
     m = causal_block_mask(n, total, q.device) if mask is None else mask
     scores = _scores(q, k, scale, m, group)  # [Hkv, G, n, T]
     out = (torch.softmax(scores, dim=-1).to(v.dtype).reshape(hkv, group * n, total) @ v).reshape(hq, n, d)

@@ -19,6 +19,7 @@ from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.models.attention import attend
 from sparsespec.models.device import to_device_ids
+from sparsespec.precision import matmul_fp32
 
 
 class UnsupportedModelError(ValueError):
@@ -211,10 +212,9 @@ class CausalLM:
         w, b = self.lm_head.weight, self.lm_head.bias
         if h.dtype == torch.float32:
             return linear(h, w, b)
-        try:  # CUDA: bf16 x bf16 accumulated and returned in fp32 by cuBLAS, no fp32 copy of the weight
-            out = torch.mm(h, w.t(), out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):  # the CPU has no such kernel: upcast
-            out = F.linear(h.float(), w.float())
+        # CUDA: accumulated and returned in fp32 by cuBLAS, no fp32 copy of the weight; where that
+        # kernel is missing the weight is upcast each step, which is said once
+        out = matmul_fp32(h, w.t(), "the lm_head's float32 logits")
         return out if b is None else out + b.float()
 
     def _mlp(self, layer, i, h):
