@@ -205,3 +205,41 @@ def test_masked_prefill_chunk_folds_the_group_into_rows_and_equals_the_reference
     torch.testing.assert_close(out, torch.softmax(s, -1) @ vr, rtol=1e-5, atol=1e-5)
     if lse_rows:
         torch.testing.assert_close(lse, torch.logsumexp(s[:, n - lse_rows :], -1))
+
+
+# -- prompt lookup: its host draft is copied once, without a wait ----------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_lookup_round_copies_its_host_draft_once_and_never_reads_it_back(monkeypatch, temperature):
+    from syncs import SyncCounter
+
+    from sparsespec.decoding import verify
+    from sparsespec.decoding.drafters import PromptLookup
+    from sparsespec.decoding.sampling import Sampling
+
+    copies = []
+    for module in (engine_module, drafters_module):
+        real = module.to_device_ids
+        monkeypatch.setattr(module, "to_device_ids", lambda ids, dev, real=real: copies.append(ids) or real(ids, dev))
+    decided = []
+    real_accept = verify.accept_greedy_many
+    monkeypatch.setattr(engine_module, "accept_greedy_many",
+                        lambda drafts, logits: decided.append(drafts) or real_accept(drafts, logits))
+    target = tiny_lm()
+    prompt = random_prompt(150, seed=3)
+    sampling = Sampling(temperature=temperature)
+    ar = SpeculativeEngine(target).generate(prompt, 30, sampling, seed=1)
+    copies.clear()
+    lookup = PromptLookup(1)
+    with SyncCounter(DEVICE) as syncs:
+        res = SpeculativeEngine(target, None, FixedK(4), lookup=lookup).generate(prompt, 30, sampling, seed=1)
+    assert lookup.looked_up > 0 and res.drafted > 0
+    if temperature == 0.0:
+        assert res.output_ids == ar.output_ids
+        assert all(isinstance(d, list) for drafts in decided for d in drafts)  # decided on the host copy
+        assert len(copies) == res.verify_steps  # one copy per round: [pending, *draft]
+        if DEVICE.type == "cuda":  # a pageable copy waits too; on the CPU the lookup's host reads count
+            assert syncs.count <= res.verify_steps + 1, syncs.names
+    else:  # and the one-hot q of each copied draft, through the same non-blocking copy
+        assert len(copies) == res.verify_steps + lookup.looked_up

@@ -25,6 +25,7 @@ from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
+from sparsespec.models.device import to_device_ids
 from sparsespec.models.runner import Block, CausalLM
 
 
@@ -396,8 +397,8 @@ class PromptLookup:
             return None
         self.looked_up += 1
         vocab = state.target.vocab_size
-        q = None if sampling.greedy else torch.nn.functional.one_hot(
-            torch.tensor(out, device=state.target.device), vocab).float()
+        q = None if sampling.greedy else torch.nn.functional.one_hot(  # copied without making the host wait
+            to_device_ids(out, state.target.device), vocab).float()
         return Proposal(out, q, [], steps=0, controlled=False)
 
     def report(self) -> dict[str, int]:

@@ -301,15 +301,21 @@ class SpeculativeEngine:
         proposals = self._propose(seqs, sampling)
         drafted = clock.mark()
         blocks, lengths = [], []
+        drafts: list[torch.Tensor | list[int]] = []
         for s, p in zip(seqs, proposals, strict=True):
-            ids = to_device_ids([s.state.tokens[-1]], target.device)
-            if p:
-                ids = torch.cat([ids, to_device_ids(p.tokens, target.device)])
+            if p is None or isinstance(p.tokens, list):
+                # host tokens (the pending one, a prompt-lookup copy): one copy that does not make the
+                # host wait, and the greedy decision reads the draft from the host, not back from the device
+                ids = to_device_ids([s.state.tokens[-1], *(p.tokens if p else [])], target.device)
+                drafts.append(list(p.tokens) if p else [])
+            else:
+                ids = torch.cat([to_device_ids([s.state.tokens[-1]], target.device), p.tokens])
+                drafts.append(ids[1:])
             lengths.append(s.state.cache.length)
             blocks.append(Block(ids, s.state.cache, capture=s.drafter.verify_capture() if s.drafter else None))
         logits = target.forward_many(blocks)
         if sampling.greedy:
-            decisions = accept_greedy_many([b.ids[1:] for b in blocks], logits)
+            decisions = accept_greedy_many(drafts, logits)
         else:
             decisions = [self._accept_sampled(b.ids[1:], p, sampling.probs(lg), s.gen)
                          for b, p, lg, s in zip(blocks, proposals, logits, seqs, strict=True)]

@@ -23,15 +23,21 @@ def accept_greedy_many(drafts: list[torch.Tensor | list[int]],
     tokens of every sequence come back to the host in one read: one wait for the device per round,
     whatever the batch size."""
     targets = [logits.argmax(-1) for logits in target_logits]
+    # a draft already on the host (prompt lookup's copy) stays there: copying it to the device only
+    # to read it back would add a blocking host-to-device copy per round
     parts = []
     for d, t in zip(drafts, targets, strict=True):
-        parts += [d.to(t.device) if isinstance(d, torch.Tensor) else torch.tensor(d, dtype=t.dtype, device=t.device), t]
+        parts += [d.to(t.device), t] if isinstance(d, torch.Tensor) else [t]
     flat = torch.cat(parts).tolist()
     out, at = [], 0
     for d in drafts:
         k = len(d)
-        draft, target = flat[at : at + k], flat[at + k : at + 2 * k + 1]
-        at += 2 * k + 1
+        if isinstance(d, torch.Tensor):
+            draft, target = flat[at : at + k], flat[at + k : at + 2 * k + 1]
+            at += 2 * k + 1
+        else:
+            draft, target = list(d), flat[at : at + k + 1]
+            at += k + 1
         n = 0
         while n < k and draft[n] == target[n]:
             n += 1
