@@ -13,6 +13,13 @@ evaluate.py run directory (its results files and command.txt), relative to the r
 globs are expanded. Each section ends with the command that made its numbers and a link to them.
 sparsespec.reports.renderers lists the renderers; a `plot.*` renderer also writes the PNG named by
 `img=`. The rebuild itself is sparsespec.reports.rebuild.
+
+A number quoted in prose is read from a table the same way, so it cannot go stale either:
+
+    <!-- table speed = bench.speed results/decode.json -->           (once per file, on its own line)
+    ... is <!-- n speed: 64k,ar @ × HF generate -->7.22<!-- /n -->× Hugging Face ...
+
+(sparsespec.reports.quoted: rows by their cells, a column by its header, ranges, one ÷, digits).
 """
 
 from __future__ import annotations

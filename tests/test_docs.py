@@ -80,6 +80,42 @@ def test_sections_are_rebuilt_from_their_files_and_stale_ones_are_found(tmp_path
     assert docs.main(["--check"], root=tmp_path) == 1
 
 
+def test_a_quoted_number_is_read_from_its_table_and_a_stale_one_fails(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "speed.json").write_text(json.dumps(_report(10.0)))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- table s = bench.speed results/speed.json -->\n"
+                      "ar: <!-- n s: 4k,ar @ decode tok/s -->1<!-- /n --> tok/s, magicdec "
+                      "<!-- n s: magicdec @ × our ar -->9<!-- /n -->× (<!-- n s: magicdec @ decode tok/s ÷ ar @ "
+                      "decode tok/s | .1f -->0<!-- /n -->×), α <!-- n s: @ α | % -->?<!-- /n -->.\n")
+    assert docs.main(["--check"], root=tmp_path) == 1
+    assert docs.main([], root=tmp_path) == 0
+    text = readme.read_text()
+    assert ("ar: <!-- n s: 4k,ar @ decode tok/s -->10.00<!-- /n --> tok/s, magicdec <!-- n s: magicdec @ × our ar -->"
+            "2.00<!-- /n -->×") in text and "ar @ decode tok/s | .1f -->2.0<!-- /n -->×)" in text
+    assert "α <!-- n s: @ α | % -->80%<!-- /n -->." in text  # ar's row has no α: the one value
+    assert docs.main(["--check"], root=tmp_path) == 0
+    (tmp_path / "results" / "speed.json").write_text(json.dumps(_report(12.0)))  # the file changed: stale
+    assert docs.main(["--check"], root=tmp_path) == 1
+    readme.write_text(text.replace("@ decode tok/s -->", "@ tokens -->", 1))
+    assert docs.main(["--check"], root=tmp_path) == 2
+    assert "no table has a column 'tokens'" in capsys.readouterr().err
+
+
+def test_editing_one_quoted_number_of_the_readme_fails_the_check(tmp_path):
+    """The README's readings quote its results files; a number changed by hand no longer passes."""
+    (tmp_path / "results").symlink_to(ROOT / "results")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "img").symlink_to(ROOT / "docs" / "img")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "-->7.22<!-- /n -->× at 64k" in text
+    (tmp_path / "README.md").write_text(text, encoding="utf-8")
+    assert docs.main(["--check"], root=tmp_path) == 0
+    (tmp_path / "README.md").write_text(text.replace("-->7.22<!-- /n -->× at 64k", "-->7.1<!-- /n -->× at 64k"),
+                                        encoding="utf-8")
+    assert docs.main(["--check"], root=tmp_path) == 1
+
+
 @pytest.mark.parametrize("spec, message", [("bench.nope results/speed.json", "unknown renderer"),
                                            ("bench.pivot results/missing.json", "names no existing results file")])
 def test_a_bad_section_is_an_error_naming_it(tmp_path, capsys, spec, message):

@@ -26,7 +26,7 @@ from pathlib import Path
 from sparsespec.config import parse_ctx
 from sparsespec.eval.summary import load_results
 from sparsespec.provenance import provenance_text
-from sparsespec.reports import ReportError
+from sparsespec.reports import ReportError, quoted
 from sparsespec.reports.renderers import PLOTS, RENDERERS
 
 PROVENANCE_FILE = "provenance.json"  # an evaluate.py run's provenance: one per process that wrote rows
@@ -59,15 +59,30 @@ def load_source(path: Path, root: Path) -> dict:
     raise DocsError(f"{label}: not a .json report or an evaluate.py run directory")
 
 
-def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
-    """The generated body of one marked section of `doc`."""
+def _sources(spec: str, doc: Path, root: Path) -> tuple[str, dict, list[dict]]:
+    """(renderer name, options, loaded sources) of a section spec."""
     name, *args = shlex.split(spec)  # alt="..." may hold spaces
     options = dict(a.split("=", 1) for a in args if "=" in a)
     patterns = [a for a in args if "=" not in a]
     paths = [Path(p) for pat in patterns for p in sorted(glob.glob(str(root / pat)))]
     if not paths:
         raise DocsError(f"{doc.name}: section '{spec}' names no existing results file ({', '.join(patterns)})")
-    sources = [load_source(p, root) for p in paths]
+    return name, options, [load_source(p, root) for p in paths]
+
+
+def render_table(spec: str, doc: Path, root: Path) -> str:
+    """The markdown a (non-plot) section spec renders, without its footer: what quoted numbers read."""
+    name, options, sources = _sources(spec, doc, root)
+    if name not in RENDERERS:
+        raise DocsError(f"{doc.name}: quoted numbers need a table renderer, not {name!r}")
+    if "ctx" in options:
+        options["ctx"] = parse_ctx(options["ctx"])
+    return RENDERERS[name](sources, **options)
+
+
+def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
+    """The generated body of one marked section of `doc`."""
+    name, options, sources = _sources(spec, doc, root)
     if name in PLOTS:
         img = root / options.pop("img")
         if write_plots:
@@ -118,7 +133,8 @@ def rebuild(doc: Path, root: Path, write_plots: bool) -> str:
     def sub(m: re.Match) -> str:
         return f"<!-- results: {m['spec']} -->\n{render_section(m['spec'], doc, root, write_plots)}<!-- /results -->"
 
-    return MARKER.sub(sub, text)
+    text = MARKER.sub(sub, text)
+    return quoted.fill(text, lambda spec: render_table(spec, doc, root), doc.name)
 
 
 def docs_files(root: Path) -> list[Path]:

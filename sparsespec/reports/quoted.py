@@ -1,0 +1,148 @@
+"""Numbers quoted in the prose of README.md and docs/, read from the tables their results files give,
+so that a reading cannot go stale: `make docs` writes them and `make docs --check` (test_docs)
+fails where one differs.
+
+A doc names the tables it quotes once, each on a line of its own (the spec is a marked section's:
+renderer, files, options):
+
+    <!-- table speed = bench.speed results/decode.json -->
+
+and marks each quoted number in place:
+
+    our `ar` is <!-- n speed: 64k,ar @ × HF generate -->7.22<!-- /n -->× Hugging Face
+
+The query `ROW @ COLUMN` reads one column of the rows whose cells include every comma-separated
+value of ROW (exactly; `a+b` for either; an empty ROW for every row); COLUMN is a header, with `[i]` for the i-th number of a cell that holds
+several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23) and `[±]` for the spread after
+its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
+(row by row where both give several). A trailing `| .1f` sets the digits (default: the cells'
+own, or 2 for a quotient), `| %` writes a percentage.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+TABLE = re.compile(r"^<!-- table (?P<name>[\w.-]+) = (?P<spec>.+?) -->$", re.M)
+NUMBER = re.compile(r"<!-- n (?P<name>[\w.-]+): (?P<query>.+?) -->(?P<text>.*?)<!-- /n -->", re.S)
+_NUM = re.compile(r"(±\s*)?(-?\d+(?:\.\d+)?)")
+
+
+class QuoteError(ValueError):
+    """A quoted number whose query reads nothing (unknown table, row or column)."""
+
+
+def parse_tables(markdown: str) -> list[list[list[str]]]:
+    """Every markdown table in `markdown`: rows of cells, the header row first."""
+    tables, current = [], []
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):  # not the |---| line
+                current.append(cells)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def _numbers(cell: str) -> tuple[list[str], list[str]]:
+    """(values, spreads) of a cell, as printed: '0.96 ± 0.05 (0.81, 4.23)' -> (['0.96', '0.81', '4.23'], ['0.05'])."""
+    values, spreads = [], []
+    for m in _NUM.finditer(cell):
+        (spreads if m[1] else values).append(m[2])
+    return values, spreads
+
+
+def _digits(text: str) -> int:
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int]]:
+    """(value, printed digits) of every row a `ROW @ COLUMN[i]` term selects, in table order."""
+    if "@" not in term:
+        raise QuoteError(f"{term!r}: expected 'ROW @ COLUMN'")
+    row, col = (s.strip() for s in term.split("@", 1))
+    m = re.fullmatch(r"(?P<col>.+?)(?:\[(?P<i>±|\d+)\])?", col)
+    col, index = m["col"], m["i"] or "0"
+    want = [v.strip() for v in row.split(",") if v.strip()]
+    out, seen_col = [], False
+    for table in tables:
+        header, *rows = table
+        if col not in header:
+            continue
+        seen_col = True
+        j = header.index(col)
+        for cells in rows:
+            if all(any(a in cells for a in w.split("+")) for w in want) and j < len(cells):
+                values, spreads = _numbers(cells[j])
+                picked = spreads[:1] if index == "±" else values[int(index):int(index) + 1]
+                if picked:  # a '—' cell has none: the row is passed over
+                    out.append((float(picked[0]), _digits(picked[0])))
+    if not seen_col:
+        raise QuoteError(f"{term!r}: no table has a column {col!r}")
+    if not out:
+        raise QuoteError(f"{term!r}: no row has every one of {want} and a number there")
+    return out
+
+
+def evaluate(tables: list[list[list[str]]], query: str) -> str:
+    """The text a quoted number's `query` gives against `tables`."""
+    query, _, fmt = query.partition(" | ")
+    parts = [p.strip() for p in query.split(" ÷ ")]
+    if len(parts) > 2:
+        raise QuoteError(f"{query!r}: one ÷ at most")
+    values = read_term(tables, parts[0])
+    digits = max(d for _, d in values)
+    if len(parts) == 2:
+        below = read_term(tables, parts[1])
+        if len(below) == 1:
+            below = below * len(values)
+        if len(below) != len(values):
+            raise QuoteError(f"{query!r}: {len(values)} values over {len(below)}")
+        values = [(a / b, 2) for (a, _), (b, _) in zip(values, below, strict=True)]
+        digits = 2
+    fmt = fmt.strip()
+    percent = fmt == "%"
+    if percent:
+        values, digits = [(v * 100, 0) for v, _ in values], 0
+    elif fmt:
+        if not re.fullmatch(r"\.\d+f", fmt):
+            raise QuoteError(f"{query!r}: format {fmt!r} is not '.Nf' or '%'")
+        digits = int(fmt[1:-1])
+    texts = [f"{v:.{digits}f}" for v, _ in values]
+    lo = min(values)[0]
+    hi = max(values)[0]
+    lo_t, hi_t = f"{lo:.{digits}f}", f"{hi:.{digits}f}"
+    text = lo_t if lo_t == hi_t or len(texts) == 1 else f"{lo_t}–{hi_t}"
+    return text + ("%" if percent else "")
+
+
+def fill(text: str, render: Callable[[str], str], doc: str) -> str:
+    """`text` with every quoted number written from its table; `render(spec)` gives a table spec's
+    markdown (a marked section's body)."""
+    specs = {m["name"]: m["spec"] for m in TABLE.finditer(text)}
+    cache: dict[str, list] = {}
+
+    def sub(m: re.Match) -> str:
+        name = m["name"]
+        if name not in specs:
+            raise QuoteError(f"{doc}: quoted number '{m['query']}' names table {name!r}, which no "
+                             f"'<!-- table {name} = ... -->' line defines")
+        if name not in cache:
+            cache[name] = parse_tables(render(specs[name]))
+        try:
+            value = evaluate(cache[name], m["query"])
+        except QuoteError as e:
+            raise QuoteError(f"{doc}: table {name}: {e}") from None
+        return f"<!-- n {name}: {m['query']} -->{value}<!-- /n -->"
+
+    return NUMBER.sub(sub, text)
+
+
+def quoted(text: str) -> list[tuple[str, str, str]]:
+    """(table, query, text) of every quoted number in `text`."""
+    return [(m["name"], m["query"], m["text"]) for m in NUMBER.finditer(text)]
