@@ -273,20 +273,30 @@ class DraftDataModule(L.LightningDataModule):
             if shards:
                 self.computed_shards += self.caches[name].compute(ids, self._get_teacher, shards)
         w.barrier("teacher_shards")
+        # A cache_dir not shared between nodes lacks, on each node, the shards the other nodes wrote.
+        # Every rank of the node takes its share of those holes: one process filling them alone
+        # would keep the others waiting in the next barrier, past the process group's timeout
+        # (30 minutes by default) on a long pass. On a shared directory there are none.
+        holes = [(name, i) for name in self._sequences() for i in self.caches[name].missing()]
+        w.barrier("teacher_holes_listed")  # every rank of a node lists the same holes before any is filled
+        if holes and w.local_rank == 0:
+            log.warning("teacher cache: %d shard(s) other ranks wrote are not visible on this node (cache_dir not "
+                        "shared between nodes?); the %d rank(s) here compute them", len(holes), w.node_size)
+        for name, ids in self._sequences().items():
+            shards = [i for n, i in holes[w.local_rank :: w.node_size] if n == name]
+            if shards:
+                self.computed_shards += self.caches[name].compute(ids, self._get_teacher, shards)
+        w.barrier("teacher_holes")
         if w.local_rank == 0:
-            # global rank 0 on one node; on several nodes, one process per node, so a cache_dir that
-            # is not shared between nodes still ends up complete on each (build() computes what this
-            # node cannot see, writes meta.json once all shards verify). On a shared directory this
-            # finds nothing to do, and a repeated meta.json write is atomic.
+            # one process per node writes meta.json once every shard verifies (a shard damaged since
+            # is recomputed here); a repeated meta.json write is atomic
             for name, ids in self._sequences().items():
                 cache = self.caches[name]
                 if cache.complete():
                     continue
-                holes = cache.missing()
-                if holes:
-                    log.warning("teacher cache %s: %d shard(s) other ranks wrote are not visible here (cache_dir "
-                                "not shared between nodes?); computing them on this node", cache.dir, len(holes))
-                    self.computed_shards += cache.compute(ids, self._get_teacher, holes)
+                late = cache.missing()
+                if late:
+                    self.computed_shards += cache.compute(ids, self._get_teacher, late)
                 cache.write_meta(ids, self._meta(name))
         w.barrier("teacher_cache_complete")
 
@@ -319,4 +329,14 @@ class DraftDataModule(L.LightningDataModule):
                                num_workers=self.num_workers, rank=rank, world_size=world)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["val"], batch_size=1, num_workers=self.num_workers)
+        """Each rank scores its own rows, every row once: Lightning's default distributed sampler
+        would pad the ranks to equal counts with duplicated rows, which would count twice."""
+        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+        trainer = getattr(self, "trainer", None)
+        sampler = None
+        if trainer is not None and trainer.world_size > 1:
+            sampler = UnrepeatedDistributedSampler(self.datasets["val"], num_replicas=trainer.world_size,
+                                                   rank=trainer.global_rank, shuffle=False)
+        return DataLoader(self.datasets["val"], batch_size=1, num_workers=self.num_workers,
+                          sampler=sampler)

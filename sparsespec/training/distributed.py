@@ -22,6 +22,11 @@ class World:
     local_rank: int = 0  # rank on this node: one process per node writes what each node needs
     size: int = 1
     trainer: Any = None
+    local_size: int = 0  # processes on this node (0: all of them, one node)
+
+    @property
+    def node_size(self) -> int:
+        return self.local_size or self.size
 
     def barrier(self, name: str) -> None:
         if self.size == 1:
@@ -57,9 +62,11 @@ def world(trainer: Any = None) -> World:
     """This process's place: from the Trainer if one is attached and running several processes, else
     from an initialised torch.distributed process group, else one process."""
     if trainer is not None and getattr(trainer, "world_size", 1) > 1:
-        return World(int(trainer.global_rank), int(trainer.local_rank), int(trainer.world_size), trainer)
+        return World(int(trainer.global_rank), int(trainer.local_rank), int(trainer.world_size), trainer,
+                     int(getattr(trainer, "num_devices", 0) or 0))
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         rank = dist.get_rank()
         # torchrun/Lightning set LOCAL_RANK; a process group made by hand is taken to be one node
-        return World(rank, int(os.environ.get("LOCAL_RANK", rank)), dist.get_world_size())
+        return World(rank, int(os.environ.get("LOCAL_RANK", rank)), dist.get_world_size(),
+                     local_size=int(os.environ.get("LOCAL_WORLD_SIZE", 0)))
     return World()

@@ -131,21 +131,48 @@ class BudgetDraftModule(L.LightningModule):
         return loss
 
     # -- validation ---------------------------------------------------------------------------
+    # Every row of every batch is scored, and the epoch's numbers are sums over all rows of all
+    # ranks divided by their counts: a mean of per-batch (or per-rank) means would weigh rows
+    # unequally, and the validation loader gives each rank its own rows with no duplicates
+    # (DraftDataModule.val_dataloader), so no row counts twice.
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums: dict[str, list[float]] = {}
+
+    def _val_add(self, key: str, values: torch.Tensor) -> None:
+        total = self._val_sums.setdefault(key, [0.0, 0.0])
+        total[0] += float(values.sum())
+        total[1] += values.numel()
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         ids, tgt = batch["input_ids"], batch["targets"]
         n = ids.shape[1]
         s = n // 2
-        accs = []
+        if not hasattr(self, "_val_sums"):
+            self.on_validation_epoch_start()
+        per_row = []
         for b in [None, *self.budget.eval_budgets(n)]:
-            pred = self.logits(ids, b, start=s).argmax(-1)
-            agree = (pred == tgt[:, s:])[0]
+            agree = self.logits(ids, b, start=s).argmax(-1) == tgt[:, s:]  # [rows, n - s]
             name = "full" if b is None else f"B{b}"
-            acc = agree.float().mean()
-            accs.append(acc)
-            self.log(f"val/acc_{name}", acc, batch_size=1, sync_dist=True)
-            self.log(f"val/tau{self.tau_k}_{name}", accepted_run(agree, self.tau_k), batch_size=1, sync_dist=True)
+            acc = agree.float().mean(1)
+            per_row.append(acc)
+            self._val_add(f"val/acc_{name}", acc)
+            self._val_add(f"val/tau{self.tau_k}_{name}", torch.stack([accepted_run(a, self.tau_k) for a in agree]))
         # the checkpoint monitor: mean acceptance over the full view and every eval budget
-        self.log("val/acceptance", torch.stack(accs).mean(), prog_bar=True, batch_size=1, sync_dist=True)
+        self._val_add("val/acceptance", torch.stack(per_row).mean(0))
+
+    def val_metrics(self) -> dict[str, float]:
+        """This epoch's validation numbers so far: every key's sum over all rows of every rank, over
+        their count (the sums are added across ranks here)."""
+        keys = sorted(getattr(self, "_val_sums", {}))
+        sums = torch.tensor([self._val_sums[k] for k in keys], dtype=torch.float64).reshape(-1, 2)
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            sums = trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
+        return {k: float(total / count) for k, (total, count) in zip(keys, sums.tolist(), strict=True) if count}
+
+    def on_validation_epoch_end(self) -> None:
+        for key, value in self.val_metrics().items():
+            self.log(key, value, prog_bar=key == "val/acceptance", sync_dist=False)
 
     # the budget sampler's RNG travels with the checkpoint, so a resumed run samples what an
     # uninterrupted one would have

@@ -39,6 +39,10 @@ import torch
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: per-shard sha256 sidecars
+# Logits held at once, in positions x vocabulary entries: the head runs over chunks of positions.
+# Whole [batch, L, V] logits with a float32 copy and a log-softmax would be ~50 GB for a Llama-3
+# vocabulary at L = 2048 and a batch of 16; a chunk is 2^25 entries (128 MiB in float32) each.
+CHUNK_ELEMENTS = 1 << 25
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -47,7 +51,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
     for name, p in model.state_dict().items():
         h.update(name.encode())
-        h.update(p.detach().flatten()[:4096].float().numpy().tobytes())
+        # the slice is copied to the host first: parameters may live on a GPU
+        h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -94,14 +99,25 @@ class Teacher:
     def __call__(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         self.calls += 1
         ids = ids.to(self.device)
-        out = self._continue(ids) if self.on_policy_tokens else self._targets(self.model(ids).logits)
+        out = self._continue(ids) if self.on_policy_tokens else self._head_targets(self.model.model(input_ids=ids)
+                                                                                   .last_hidden_state)
         return {k: v.cpu() for k, v in out.items()}  # cached on disk, batched by the CPU data loader
+
+    def _head_targets(self, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`_targets` of the head's logits for hidden states [b, L, H], the head run over chunks of
+        positions so that no more than CHUNK_ELEMENTS logits (and their float32 copies) exist at once."""
+        head = self.model.get_output_embeddings()
+        b, n = hidden.shape[:2]
+        flat = hidden.reshape(b * n, hidden.shape[-1])
+        rows = max(1, CHUNK_ELEMENTS // head.out_features)
+        parts = [self._targets(head(flat[i : i + rows])) for i in range(0, b * n, rows)]
+        return {k: torch.cat([p[k] for p in parts]).reshape(b, n, *parts[0][k].shape[1:]) for k in parts[0]}
 
     def _continue(self, prompts: torch.Tensor) -> dict[str, torch.Tensor]:
         """Greedy continuation of a batch of equal-length prompts (so no padding), with the targets of
         every position. Not `generate()`: it would not return the prompt positions' logits, and a
-        second pass over the whole sequence would double the cost. The head runs one row at a time so
-        a batch never holds [b, L, vocab] logits."""
+        second pass over the whole sequence would double the cost. The head runs over chunks of
+        positions (`_head_targets`), so a batch never holds [b, L, vocab] logits."""
         from transformers import DynamicCache
 
         from sparsespec.models.loading import cache_kwargs
@@ -109,9 +125,7 @@ class Teacher:
         cache = DynamicCache()
         with_cache = cache_kwargs(self.model, cache)  # the base model and the LM take the same keyword
         hidden = self.model.model(input_ids=prompts, **with_cache).last_hidden_state
-        head = self.model.get_output_embeddings()
-        rows = [self._targets(head(hidden[i : i + 1])) for i in range(prompts.shape[0])]
-        parts = [{k: torch.cat([r[k] for r in rows]) for k in rows[0]}]
+        parts = [self._head_targets(hidden)]
         tokens = [prompts, parts[0]["targets"][:, -1:].long()]
         for step in range(self.on_policy_tokens):
             logits = self.model(input_ids=tokens[-1], **with_cache).logits
