@@ -312,6 +312,75 @@ def _hub_message(hub_id: str, e: Exception) -> str:
             "or .gguf file instead, or leave model.path unset for the embedded SmolLM2")
 
 
+def _own_weights(model: torch.nn.Module, directory: Path) -> int:
+    """Give the parameters that are views of the memory-mapped checkpoint their own memory, read
+    from the file without the map; returns how many were replaced.
+
+    Why: on the CPU transformers leaves each parameter a view into the mapped safetensors file. The
+    runner then fuses q/k/v and gate/up into new tensors, reading those views, so the file's pages
+    stay resident beside the fused copies for as long as any parameter (the embeddings) still holds
+    the mapping: about 1.8x the weights for SmolLM2. Read with `pread` into owned memory instead,
+    the file's pages are never mapped, and the projections the runner fuses are read side by side
+    into one tensor per layer (FUSED_PROJECTIONS), so fusing them copies nothing.
+    """
+    try:
+        from safetensors import safe_open
+    except ImportError:  # transformers needs it for .safetensors, so only .bin checkpoints get here
+        return 0
+    params = dict(model.named_parameters(remove_duplicate=False))
+    groups = _fused_groups(model, params)
+    files = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            f = safe_open(str(file), framework="pt", backend="pread")
+        except TypeError:  # a safetensors without the pread backend: keep the mapped views
+            return 0
+        files.update({name: f for name in f.keys()})
+
+    def readable(name: str) -> bool:
+        p, f = params.get(name), files.get(name)
+        if p is None or f is None or p.device.type != "cpu":
+            return False
+        sl = f.get_slice(name)  # another dtype was converted on load: already its own memory
+        return tuple(sl.get_shape()) == tuple(p.shape) and str(p.dtype) == f"torch.{_ST_DTYPES.get(sl.get_dtype())}"
+
+    done = set()
+    for names in groups:  # one tensor for the group, each parameter a view of its rows
+        if not all(readable(n) for n in names):
+            continue
+        ps = [params[n] for n in names]
+        fused = torch.empty(sum(p.shape[0] for p in ps), *ps[0].shape[1:], dtype=ps[0].dtype)
+        at = 0
+        for n, p in zip(names, ps, strict=True):
+            fused[at : at + p.shape[0]] = files[n].get_tensor(n)
+            p.data = fused[at : at + p.shape[0]]
+            at += p.shape[0]
+            done.add(n)
+    for name in params:
+        if name not in done and readable(name):
+            params[name].data = files[name].get_tensor(name)
+            done.add(name)
+    return len(done)
+
+
+def _fused_groups(model: torch.nn.Module, params: dict[str, torch.nn.Parameter]) -> list[list[str]]:
+    """Parameter names of each group of projections the runner fuses, in its order."""
+    from sparsespec.models.runner import FUSED_PROJECTIONS
+
+    groups = []
+    for name, _ in model.named_modules():
+        for part, linears in FUSED_PROJECTIONS:
+            if name.endswith(f".{part}") or name == part:
+                names = [f"{name}.{lin}.weight" for lin in linears]
+                if all(n in params for n in names):
+                    groups.append(names)
+    return groups
+
+
+# safetensors' dtype names -> torch's
+_ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     dtype: str | torch.dtype = "auto",
@@ -367,6 +436,8 @@ def load_model(
             raise ModelLoadError(f"model.path={source}: could not load the weights ({e}); the directory needs "
                                  "model.safetensors (or pytorch_model.bin / sharded equivalents)") from e
         raise ModelLoadError(_hub_message(source, e)) from e
+    if device.type == "cpu" and is_local:
+        _own_weights(model, Path(source))
     model.eval()
     model.requires_grad_(False)
     log.info("loaded %s (%s, %s, %s) in %.1f s", source, type(model).__name__, torch_dtype, device, time.perf_counter() - t0)

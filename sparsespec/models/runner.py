@@ -314,9 +314,33 @@ def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 _RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
 
 
+# The projections fused per layer (module, its linears in order): the loader reads them into one
+# tensor each where it can (models/loading.py), so fusing them costs no copy.
+FUSED_PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
+def adjacent(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """The one tensor the weights already are, stacked by rows (each a contiguous view following
+    the previous one in the same storage), else None."""
+    first = weights[0]
+    at = first.storage_offset()
+    for w in weights:
+        if (w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or not w.is_contiguous()
+                or w.dtype != first.dtype or w.shape[1:] != first.shape[1:] or w.storage_offset() != at):
+            return None
+        at += w.numel()
+    rows = sum(w.shape[0] for w in weights)
+    return torch.empty(0, dtype=first.dtype, device=first.device).set_(
+        first.untyped_storage(), first.storage_offset(), (rows, *first.shape[1:]))
+
+
 def _fuse_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
     """One [sum of out_features, in] tensor holding the linears' weights; each linear's weight is
-    replaced by a view into it (the originals are freed)."""
+    replaced by a view into it (the originals are freed). Weights loaded side by side already are
+    that tensor: no copy."""
+    ready = adjacent([m.weight.detach() for m in linears])
+    if ready is not None:
+        return ready
     fused = torch.cat([m.weight.detach() for m in linears])
     start = 0
     for m in linears:
