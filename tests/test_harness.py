@@ -215,6 +215,12 @@ def test_headline_sentences_follow_the_numbers():
     assert "a token cost 50 ms against ar's 100 ms" in fast and "token-identical to ar's." in fast
     assert "0.50× ar, slower than ar" in slow and "differed from ar's on 1 of 1 samples" in slow
     assert headline([_headline_row("ar", "a", 10.0, [1])]) == []
+    # a verdict only as strong as the samples allow: one sample at 1.03x, two whose spread spans 1
+    [close] = headline([_headline_row("ar", "a", 10.0, [1]), _headline_row("m", "a", 9.7, [1], speedup=1.03)])
+    assert "1.03× ar, within 5% of ar, which one sample cannot tell from noise." in close
+    [spread] = headline([_headline_row("ar", s, 10.0, [1]) for s in "ab"]
+                        + [_headline_row("m", s, 9.0, [1], speedup=v) for s, v in (("a", 1.2), ("b", 0.9))])
+    assert "1.05× ar, as fast as ar within the spread over samples (± 0.21)." in spread
     assert calibration_table(rows) == ""
     rows[1]["engine_calibration"] = {"predicted": 0.8, "observed": 0.6, "n": 10}
     rows[1]["engine_prefix_acceptance"] = {"1": {"observed": 0.7, "predicted": 0.9, "n": 5}}

@@ -150,6 +150,18 @@ def _ms(x: float) -> str:
     return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
 
 
+def _verdict(speedups: list[float]) -> str:
+    """Faster or slower than ar only as far as the samples can tell: beyond one std over samples, or,
+    with one sample (no spread), beyond 5%."""
+    mean = statistics.fmean(speedups)
+    if len(speedups) == 1:
+        return ("faster than ar on this one sample" if mean > 1.05 else "slower than ar on this one sample"
+                if mean < 0.95 else "within 5% of ar, which one sample cannot tell from noise")
+    sd = statistics.stdev(speedups)
+    return ("faster than ar" if mean - sd > 1 else "slower than ar" if mean + sd < 1
+            else f"as fast as ar within the spread over samples (± {sd:.2f})")
+
+
 def headline(rows: list[dict]) -> list[str]:
     """Plain sentences, generated from the rows, on how each method did against its paired ar:
     how much faster or slower, why (the round's time split against ar's time per token), and
@@ -171,10 +183,10 @@ def headline(rows: list[dict]) -> list[str]:
             tok_s, ar_tok_s = (sum(r["new_tokens"] for r in x) / sum(r["wall_s"] for r in x) for x in (mine, paired))
             ms_token = 1000 * sum(r["wall_s"] for r in mine) / sum(r["new_tokens"] for r in mine)
             ar_ms_token = 1000 / ar_tok_s
-            verdict = "faster than" if speedup > 1.02 else "slower than" if speedup < 0.98 else "as fast as"
             n = len(mine)
             text = (f"On {where} ({n} sample{'s' if n > 1 else ''}), {method} decoded "
-                    f"{tok_s:.1f} tokens/s against ar's {ar_tok_s:.1f}: {speedup:.2f}× ar, {verdict} ar.")
+                    f"{tok_s:.1f} tokens/s against ar's {ar_tok_s:.1f}: {speedup:.2f}× ar, "
+                    f"{_verdict([r['speedup'] for r in mine])}.")
             agg = _mean(r.get("aggregate_speedup") for r in mine)
             if b > 1 and agg is not None:
                 text += (f" The batch as a whole decoded {_mean(r['aggregate_tokens_per_s'] for r in mine):.1f} tokens/s "

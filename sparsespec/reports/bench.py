@@ -107,11 +107,15 @@ def split_table(report: dict) -> str:
              "update, and the rest (sampling, bookkeeping, Python). In ar steps (1 / ar's tokens/s at that ctx): "
              "one draft token, the verification pass, and the index update. Break-even α: the acceptance at "
              "which a round of this k costs what its tokens cost ar, (k·draft + verify + index − 1) / k in ar "
-             "steps. Predicted: S = (αk + 1) / (kγ + 1) from the row's own α, k and γ (verification costing "
-             "one ar step).", "",
+             "steps. Predicted: S = (αk + 1) / (kγ + 1) from the row's own α, k and γ (γ: a draft step over a "
+             "verification pass; the identity counts a round in verification passes and leaves the index update "
+             "out). If verify = 1 step: the row's tokens a round over its measured drafts, one ar step of "
+             "verification and its index update, (tokens / round) / (k·draft + 1 + index) in ar steps; and the "
+             "same without the index update.", "",
              "| ctx | method | draft | verify | index update | other | draft token (ar steps) | verify (ar steps) "
-             "| index (ar steps) | α | break-even α | tokens / round | × our ar | predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| index (ar steps) | α | break-even α | tokens / round | × our ar | predicted | if verify = 1 step "
+             "| … and no index update |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups = _groups(report)
     for (c, method), rs in groups.items():
         if not any(r.get("draft_ms") is not None for r in rs):
@@ -125,10 +129,34 @@ def split_table(report: dict) -> str:
         steps = {key: ms[key] / step if step else None for key in ("draft_ms", "verify_ms", "index_ms")}
         d = steps["draft_ms"] / k if step and k else None
         even = (k * d + steps["verify_ms"] + steps["index_ms"] - 1) / k if d is not None else None
+        tau = mean(r.get("tau") for r in rs)
+        one_step = tau / (k * d + 1 + steps["index_ms"]) if d is not None and tau is not None else None
+        no_index = tau / (k * d + 1) if d is not None and tau is not None else None
         cells = [ctx_label(c), method, *(f"{ms[key]:.1f}" for key in ("draft_ms", "verify_ms", "index_ms", "other_ms")),
                  fmt(d), fmt(steps["verify_ms"]), fmt(steps["index_ms"]), fmt(alpha), fmt(even),
-                 fmt(mean(r.get("tau") for r in rs)), mean_std([r.get("vs_ar") for r in rs]), fmt(predicted)]
+                 fmt(tau), mean_std([r.get("vs_ar") for r in rs]), fmt(predicted), fmt(one_step), fmt(no_index)]
         lines.append(_row(cells))
+    return "\n".join(lines)
+
+
+def kernel_table(report: dict, suffix: str = ":attention=pytorch") -> str:
+    """What a switch gives each method: its tokens/s over the same method's with `suffix` (by default
+    the CPU attention kernel against PyTorch's attention), per ctx, from the same run."""
+    groups = _groups(report)
+    ctxs = sorted({c for c, _ in groups})
+    bases = [m for m in dict.fromkeys(m for _, m in groups) if any((c, m + suffix) in groups for c in ctxs)]
+    if not bases:
+        raise ReportError(f"no method of this report has a '{suffix}' run beside it")
+    lines = [f"tokens/s of each method over its own `{suffix.lstrip(':')}` run, same prompt, same process "
+             f"(mean over samples of {_repeats(report)} timed run(s) each).", "",
+             "| ctx | " + " | ".join(bases) + " |", "|---|" + "---|" * len(bases)]
+    for c in ctxs:
+        cells = []
+        for m in bases:
+            a, b = groups.get((c, m)), groups.get((c, m + suffix))
+            cells.append(f"{statistics.fmean(r['tok_s'] for r in a) / statistics.fmean(r['tok_s'] for r in b):.2f}×"
+                         if a and b else "—")
+        lines.append(f"| {ctx_label(c)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -147,7 +175,11 @@ def quarters_table(report: dict) -> str:
     keys = [key for key, rs in groups.items() if any(r.get("acceptance_quarters") for r in rs)]
     if not keys:
         return ""
-    lines = ["A round counts in the quarter where its first token falls; mean ± std over samples. The `ar` rows "
+    args = report.get("args") or {}
+    samples = max(len(groups[k]) for k in keys)
+    made = (f"Quarters of the {args['new_tokens']} generated tokens, {samples} sample(s) per ctx"
+            f"{'' if samples > 1 else ' (no spread)'}. " if args.get("new_tokens") else "")
+    lines = [made + "A round counts in the quarter where its first token falls; mean ± std over samples. The `ar` rows "
              "give the share of distinct tokens in each quarter of ar's own output: near 0.05 the greedy text is a "
              "loop, which any drafter predicts, so a high α there says nothing about long outputs of real text.", "",
              "| ctx | method | 1st | 2nd | 3rd | 4th |", "|---|---|---|---|---|---|"]

@@ -12,9 +12,10 @@ and marks each quoted number in place:
     our `ar` is <!-- n speed: 64k,ar @ × HF generate -->7.22<!-- /n -->× Hugging Face
 
 The query `ROW @ COLUMN` reads one column of the rows whose cells include every comma-separated
-value of ROW (exactly; `a+b` for either; an empty ROW for every row); COLUMN is a header, with `[i]` for the i-th number of a cell that holds
-several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23) and `[±]` for the spread after
-its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
+value of ROW (exactly; `a+b` for either; an empty ROW for every row); COLUMN is a header (`a+b`
+for both), with `[i]` for the i-th number of a cell that holds
+several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23, [*] all three) and `[±]` for
+the spread after its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
 (row by row where both give several). A trailing `| .1f` sets the digits (default: the cells'
 own, or 2 for a quotient), `| %` writes a percentage.
 """
@@ -66,22 +67,22 @@ def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int
     if "@" not in term:
         raise QuoteError(f"{term!r}: expected 'ROW @ COLUMN'")
     row, col = (s.strip() for s in term.split("@", 1))
-    m = re.fullmatch(r"(?P<col>.+?)(?:\[(?P<i>±|\d+)\])?", col)
+    m = re.fullmatch(r"(?P<col>.+?)(?:\[(?P<i>±|\*|\d+)\])?", col)
     col, index = m["col"], m["i"] or "0"
     want = [v.strip() for v in row.split(",") if v.strip()]
     out, seen_col = [], False
     for table in tables:
         header, *rows = table
-        if col not in header:
+        cols = [col] if col in header else [c for c in col.split("+") if c in header]  # a+b: either column
+        if not cols:
             continue
         seen_col = True
-        j = header.index(col)
-        for cells in rows:
+        for cells, j in ((cells, header.index(c)) for cells in rows for c in cols):
             if all(any(a in cells for a in w.split("+")) for w in want) and j < len(cells):
                 values, spreads = _numbers(cells[j])
-                picked = spreads[:1] if index == "±" else values[int(index):int(index) + 1]
-                if picked:  # a '—' cell has none: the row is passed over
-                    out.append((float(picked[0]), _digits(picked[0])))
+                picked = (spreads[:1] if index == "±" else values if index == "*"
+                          else values[int(index):int(index) + 1])
+                out += [(float(v), _digits(v)) for v in picked]  # a '—' cell has none: the row is passed over
     if not seen_col:
         raise QuoteError(f"{term!r}: no table has a column {col!r}")
     if not out:

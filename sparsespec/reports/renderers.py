@@ -48,6 +48,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "bench.speed": _of_report(bench.speed_table),
     "bench.machine": _of_report(bench.machine_table),
     "bench.split": _of_report(bench.split_table),
+    "bench.kernel": _of_report(bench.kernel_table),
     "bench.spread": _of_report(bench.spread_table),
     "bench.quarters": _of_report(bench.quarters_table),
     "bench.pivot": _of_report(bench.pivot_table),
