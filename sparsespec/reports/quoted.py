@@ -17,7 +17,8 @@ for both), with `[i]` for the i-th number of a cell that holds
 several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23, [*] all three) and `[±]` for
 the spread after its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
 (row by row where both give several). A trailing `| .1f` sets the digits (default: the cells'
-own, or 2 for a quotient), `| %` writes a percentage.
+own, or 2 for a quotient), `| %` writes a percentage, `| max` (`| min`) keeps the largest
+(smallest) value, and may be followed by one of those.
 """
 
 from __future__ import annotations
@@ -107,12 +108,15 @@ def evaluate(tables: list[list[list[str]]], query: str) -> str:
         values = [(a / b, 2) for (a, _), (b, _) in zip(values, below, strict=True)]
         digits = 2
     fmt = fmt.strip()
+    if fmt.split(" ")[0] in ("max", "min"):  # the largest (smallest) value alone
+        pick, _, fmt = fmt.partition(" ")
+        values = [(max if pick == "max" else min)(values)]
     percent = fmt == "%"
     if percent:
         values, digits = [(v * 100, 0) for v, _ in values], 0
     elif fmt:
         if not re.fullmatch(r"\.\d+f", fmt):
-            raise QuoteError(f"{query!r}: format {fmt!r} is not '.Nf' or '%'")
+            raise QuoteError(f"{query!r}: format {fmt!r} is not '.Nf', '%', 'max' or 'min'")
         digits = int(fmt[1:-1])
     texts = [f"{v:.{digits}f}" for v, _ in values]
     lo = min(values)[0]

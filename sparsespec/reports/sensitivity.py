@@ -79,15 +79,20 @@ def cells(report: dict) -> dict[tuple[int, float, int], dict]:
     return out
 
 
-def markdown(report: dict) -> str:
-    """One table per context: α, γ, k, measured and predicted speedup per (ratio, W)."""
-    lines = [f"Command: `{report['command']}`", ""]
+def markdown(report: dict, ctx: int | None = None) -> str:
+    """One table per context (`ctx`: that one alone): α, γ, k, measured and predicted speedup per
+    (ratio, W)."""
     table = cells(report)
-    for ctx in sorted({c for c, _, _ in table}):
-        lines += [f"**{ctx_label(ctx)}**", "", "| ratio | W | α | γ | mean k | speedup over ar | identity (αk+1)/(kγ+1) "
+    n = max(v["n"] for v in table.values())
+    reps = (report.get("args") or {}).get("repeats")
+    lines = [f"Command: `{report['command']}`", "",
+             f"Each cell: mean over {n} window(s) of text{f', {reps} timed run(s) each' if reps else ''}; the speedup's "
+             "± is the larger of the std over windows and the mean std over runs.", ""]
+    for here in sorted({c for c, _, _ in table if ctx is None or c == ctx}):
+        lines += [f"**{ctx_label(here)}**", "", "| ratio | W | α | γ | mean k | speedup over ar | identity (αk+1)/(kγ+1) "
                   "| measured / identity |", "|---|---|---|---|---|---|---|---|"]
         for (c, ratio, w), v in table.items():
-            if c == ctx:
+            if c == here:
                 lines.append(f"| {ratio:g} | {w} | {v['alpha']:.2f} | {v['gamma']:.3f} | {v['k']:.1f} | "
                              f"{v['speedup']:.2f} ± {v['spread']:.2f} | {v['predicted']:.2f} | "
                              f"{v['speedup'] / v['predicted']:.2f} |")
