@@ -12,7 +12,7 @@ and marks each quoted number in place:
     our `ar` is <!-- n speed: 64k,ar @ × HF generate -->7.22<!-- /n -->× Hugging Face
 
 The query `ROW @ COLUMN` reads one column of the rows whose cells include every comma-separated
-value of ROW (exactly; `a+b` for either; an empty ROW for every row); COLUMN is a header (`a+b`
+value of ROW (exactly; `a+b` for either; `"a, b"` for a value with a comma; an empty ROW for every row); COLUMN is a header (`a+b`
 for both), with `[i]` for the i-th number of a cell that holds
 several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23, [*] all three) and `[±]` for
 the spread after its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
@@ -23,6 +23,7 @@ own, or 2 for a quotient), `| %` writes a percentage, `| max` (`| min`) keeps th
 
 from __future__ import annotations
 
+import csv
 import re
 from collections.abc import Callable
 
@@ -70,7 +71,7 @@ def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int
     row, col = (s.strip() for s in term.split("@", 1))
     m = re.fullmatch(r"(?P<col>.+?)(?:\[(?P<i>±|\*|\d+)\])?", col)
     col, index = m["col"], m["i"] or "0"
-    want = [v.strip() for v in row.split(",") if v.strip()]
+    want = [v.strip() for v in next(csv.reader([row], skipinitialspace=True), []) if v.strip()]  # "a, b": one value
     out, seen_col = [], False
     for table in tables:
         header, *rows = table
