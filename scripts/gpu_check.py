@@ -2,7 +2,7 @@
 sparsespec_l on the embedded SmolLM2 and a random Llama-3.1-8B-shaped model; writes speed.json and
 speed.md into --out. scripts/gpu_check.sh runs the CUDA tests first, then this.
 
-    python scripts/gpu_check.py [--cpu] [--out DIR] [--no-hydra] [--hf-compile]
+    python scripts/gpu_check.py [--cpu] [--out DIR] [--models LIST] [--new-tokens N] [--no-hydra] [--hf-compile]
 
 Exit status 1 when a row failed or a float32 method's output differed from ar's.
 """
@@ -36,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check", help="folder for speed.json/.md")
     p.add_argument("--no-hydra", action="store_true", help="build the methods from the parts' classes, as on a "
                    "machine without Hydra/OmegaConf")
+    p.add_argument("--models", default=None, help="comma-separated rows to measure, of: embedded, llama8b_shape "
+                   "(default: the plan's all)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens decoded per run (default: the plan's, "
+                   "128 on a GPU, 16 on the CPU)")
     p.add_argument("--hf-compile", action="store_true", help="let generate() compile its static-cache decode "
                    "step (a compile per context length, untimed in the warm-up; minutes on an 8B model)")
     return p.parse_args(argv)
@@ -60,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cpu:  # tiny models gain nothing from threads, and threads spinning on a busy machine slow them 10x
         torch.set_num_threads(1)
+    try:
+        plan = gpu_speed.select(plan, args.models, args.new_tokens)
+    except ValueError as e:
+        print(f"gpu_check.py: {e}", file=sys.stderr)
+        return 2
     plan = dataclasses.replace(plan, hf_compile=args.hf_compile)
     use_hydra = not args.no_hydra and gpu_speed.hydra_available()
     say = logging.getLogger("gpu_check").info

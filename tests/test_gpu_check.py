@@ -51,7 +51,25 @@ def test_cpu_check_writes_the_test_log_the_speed_json_and_table(tmp_path):
     assert "test_syncs.py" in log  # the sync count is part of the selection
     report = _check_speed_report(out)
     assert report["use_hydra"]
-    assert "done: tests exit 0, speed exit 0" in (out / "gpu_check.log").read_text()
+    _check_probe(out)
+    assert "done: probe exit 0, tests exit 0, speed exit 0" in (out / "gpu_check.log").read_text()
+    assert len([p for p in out.iterdir() if p.is_file()]) <= 8  # what a borrowed machine returns
+
+
+def _check_probe(out: Path) -> None:
+    probe = json.loads((out / "probe.json").read_text())
+    assert probe["errors"] == [] and probe["plan"] == "cpu"
+    assert probe["ceilings"]["copy"]["gb_s"] > 0 and probe["ceilings"]["gemv_bf16"]["gb_s"] > 0
+    assert [c["ctx"] for c in probe["contexts"]] == [256, 512]
+    for c in probe["contexts"]:
+        for part in ("ar_step", "verify_5", "verify_21", "draft_step_10pct", "view_select", "view_gather",
+                     "recall_update"):
+            assert {"wall_ms", "device_ms", "enqueue_ms"} <= c[part].keys(), part
+        assert c["ar_kernels"] > 0 and 0 < c["view_tokens"] < c["ctx"]
+    assert set(probe["attend_vs_fp32"]) == {"1", "5", "21", "1024"}
+    assert max(probe["attend_vs_fp32"].values()) < 1e-4  # float32 on the CPU
+    assert probe["flash_causal_alignment"] in ("bottom-right", "top-left")
+    assert probe["event_reads"]["reads"] > 0
 
 
 def test_bad_flag_fails_clearly():
@@ -60,6 +78,19 @@ def test_bad_flag_fails_clearly():
     assert "unknown option '--bogus'" in proc.stderr and "--help" in proc.stderr
     proc = _run("--out")
     assert proc.returncode == 2 and "--out needs a folder" in proc.stderr
+    proc = _run("--cpu", "--new-tokens", "many")
+    assert proc.returncode == 2 and "--new-tokens needs a whole number, got 'many'" in proc.stderr
+    proc = _run("--models")
+    assert proc.returncode == 2 and "--models needs a value" in proc.stderr
+
+
+def test_models_and_new_tokens_pick_the_plan():
+    plan = gpu_speed.select(gpu_speed.GPU_PLAN, "llama8b_shape", 32)
+    assert [m.key for m in plan.models] == ["llama8b_shape"] and plan.new_tokens == 32
+    with pytest.raises(ValueError, match=r"--models=llama: expected a comma-separated list of embedded, llama8b_shape"):
+        gpu_speed.select(gpu_speed.GPU_PLAN, "llama")
+    with pytest.raises(ValueError, match="--new-tokens=1: at least 2"):
+        gpu_speed.select(gpu_speed.GPU_PLAN, None, 1)
 
 
 def test_without_hydra_the_speed_table_is_the_same(tmp_path):

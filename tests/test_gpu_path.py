@@ -243,3 +243,73 @@ def test_a_lookup_round_copies_its_host_draft_once_and_never_reads_it_back(monke
             assert syncs.count <= res.verify_steps + 1, syncs.names
     else:  # and the one-hot q of each copied draft, through the same non-blocking copy
         assert len(copies) == res.verify_steps + lookup.looked_up
+
+
+# -- on a GPU (scripts/gpu_check.sh runs these with SPARSESPEC_TEST_DEVICE=cuda) -------------------
+
+
+@cuda_only
+def test_cuda_rounds_read_their_events_and_stay_exact():
+    """Real CUDA events: every round's span is read after its end event completed, for 60 rounds."""
+    target = tiny_lm()
+    prompt = random_prompt(200, seed=5)
+    ar = SpeculativeEngine(target).generate(prompt, 60).output_ids
+    res = SpeculativeEngine(target, SelfDrafter(RecallIndex(ratio=0.1, k_sink=2, k_recent=4)),
+                            EntropyController()).generate(prompt, 60)
+    assert res.output_ids == ar and res.verify_s > 0 and res.extra["index_update_s"] > 0
+
+
+@cuda_only
+def test_cuda_bf16_attention_mass_and_logits_are_float32_products(caplog):
+    from sparsespec.kv import capture
+
+    g = torch.Generator().manual_seed(0)
+    q = (3 * torch.randn(8, 5, 64, generator=g)).to(DEVICE, torch.bfloat16)
+    k = torch.randn(2, 4096, 64, generator=g).to(DEVICE, torch.bfloat16)
+    s = (q.float().reshape(2, 20, 64) @ k.float().transpose(1, 2)).view(2, 4, 5, 4096) * 0.125
+    s = s.masked_fill(~capture.causal_block_mask(5, 4096, DEVICE)[None, None], float("-inf"))
+    lse = torch.logsumexp(s, -1).reshape(8, 5)
+    torch.testing.assert_close(capture.attention_mass(q, lse, k, 0.125), torch.softmax(s, -1).sum(1),
+                               rtol=1e-4, atol=1e-6)
+    lm = tiny_lm()
+    lm.lm_head.to(torch.bfloat16)
+    with caplog.at_level("INFO", logger="sparsespec.precision"):
+        lm._logits(torch.randn(3, lm.lm_head.in_features, device=DEVICE, dtype=torch.bfloat16))
+    assert not caplog.records  # CUDA has the float32-output kernel: no upcast of the weight
+
+
+@cuda_only
+def test_cuda_masked_path_runs_without_the_math_kernel():
+    """The folded masked call is one a fused SDPA kernel takes (the math one, which repeats K/V for
+    GQA, is switched off here)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sparsespec.models import attention
+
+    g = torch.Generator().manual_seed(3)
+    n, total = attention.SMALL_QUERY_BLOCK + 36, 1000
+    q = torch.randn(32, n, 128, generator=g).to(DEVICE, torch.bfloat16)
+    k, v = (torch.randn(8, total, 128, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    mask = (torch.rand(n, total, generator=g) > 0.3).to(DEVICE)
+    mask[:, 0] = True
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        out, _ = attention.attend(q, k, v, 128**-0.5, mask=mask)
+    kr, vr = k.float().repeat_interleave(4, 0), v.float().repeat_interleave(4, 0)
+    s = (q.float() @ kr.transpose(1, 2) * 128**-0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(out.float(), torch.softmax(s, -1) @ vr, rtol=2e-2, atol=2e-2)
+
+
+@cuda_only
+def test_cuda_flash_attn_where_installed_aligns_the_verification_block_to_the_end():
+    from sparsespec.kv.capture import causal_block_mask
+    from sparsespec.models import attention
+
+    if not attention.flash_attn_applies(DEVICE, torch.bfloat16):
+        pytest.skip("flash-attn is not installed here (or not usable: logged once)")
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(32, 5, 128, generator=g).to(DEVICE, torch.bfloat16)
+    k, v = (torch.randn(8, 2000, 128, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    out, _ = attention.attend(q, k, v, 128**-0.5)
+    kr, vr = k.float().repeat_interleave(4, 0), v.float().repeat_interleave(4, 0)
+    s = (q.float() @ kr.transpose(1, 2) * 128**-0.5).masked_fill(~causal_block_mask(5, 2000, DEVICE), float("-inf"))
+    torch.testing.assert_close(out.float(), torch.softmax(s, -1) @ vr, rtol=2e-2, atol=2e-2)
