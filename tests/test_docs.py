@@ -102,6 +102,31 @@ def test_a_quoted_number_is_read_from_its_table_and_a_stale_one_fails(tmp_path, 
     assert "no table has a column 'tokens'" in capsys.readouterr().err
 
 
+TABLE = """| ctx | method, kind | tok/s | cells |
+|---|---|---|---|
+| 4k | ar | 10.0 ± 0.5 | 0.95 vs 0.68 / 0.92 vs 0.48 |
+| 4k | spec | 12.50 ± 0.25 | — |
+| 16k | ar | 5.0 ± 0.1 | 0.10 vs 0.20 / 0.30 vs 0.40 |
+| 16k | spec | 7.25 ± 1.00 | — |
+"""
+
+
+@pytest.mark.parametrize("query, value", [
+    ("4k,ar @ tok/s", "10.0"), ("spec @ tok/s", "7.25–12.50"), ("!ar @ tok/s | max", "12.50"),
+    ("16k+4k,spec @ tok/s[±] | min", "0.25"), ("4k,ar @ cells[3]", "0.48"), ("ar @ cells[*]", "0.10–0.95"),
+    ("spec @ tok/s ÷ ar @ tok/s", "1.25–1.45"), ("4k,spec @ tok/s ÷ 4k,ar @ tok/s | %", "125%"),
+    ("16k @ tok/s+cells[0] | .1f", "0.1–7.2"), ("4k @ tok/s | min .0f", "10")])
+def test_a_quoted_number_query_reads_rows_columns_and_ranges(query, value):
+    assert docs.rebuild.quoted.evaluate(docs.rebuild.quoted.parse_tables(TABLE), query) == value
+
+
+@pytest.mark.parametrize("query, message", [("4k,nope @ tok/s", "no row has every one of"),
+                                            ("4k @ speed", "no table has a column"), ("4k tok/s", "expected 'ROW @")])
+def test_a_query_that_reads_nothing_is_an_error(query, message):
+    with pytest.raises(ValueError, match=message):
+        docs.rebuild.quoted.evaluate(docs.rebuild.quoted.parse_tables(TABLE), query)
+
+
 def test_editing_one_quoted_number_of_the_readme_fails_the_check(tmp_path):
     """The README's readings quote its results files; a number changed by hand no longer passes."""
     (tmp_path / "results").symlink_to(ROOT / "results")

@@ -96,7 +96,9 @@ def _k(ctx: int) -> str:
     return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, ctx: int | None = None) -> str:
+    """The agreement tables, one per scored context (`ctx`: that one alone), and the training runs."""
+    only = ctx
     c = cells(report)
     texts = labels(report["distances"])
     seeds = {label: len(d) for label, d in report["groups"].items()}
@@ -106,7 +108,7 @@ def markdown(report: dict) -> str:
              f"(plain), and with its last {report['span']} tokens copied from D back; the first "
              f"{report['warmup']} of them are not scored."]
     for ctx in report["ctxs"]:
-        if (ctx, "target", PLAIN, "copies") not in c:
+        if (ctx, "target", PLAIN, "copies") not in c or only not in (None, ctx):
             continue
         n_win = len([w for w in report["windows"] if w["ctx"] == ctx])
         first = next(iter(report["groups"]))

@@ -1,6 +1,6 @@
 """Numbers quoted in the prose of README.md and docs/, read from the tables their results files give,
-so that a reading cannot go stale: `make docs` writes them and `make docs --check` (test_docs)
-fails where one differs.
+so that a reading cannot go stale: `make docs` writes them, and `scripts/docs.py --check` (which
+tests/test_docs.py runs) fails where one differs.
 
 A doc names the tables it quotes once, each on a line of its own (the spec is a marked section's:
 renderer, files, options):
@@ -12,10 +12,11 @@ and marks each quoted number in place:
     our `ar` is <!-- n speed: 64k,ar @ × HF generate -->7.22<!-- /n -->× Hugging Face
 
 The query `ROW @ COLUMN` reads one column of the rows whose cells include every comma-separated
-value of ROW (exactly; `a+b` for either; `"a, b"` for a value with a comma; an empty ROW for every row); COLUMN is a header (`a+b`
-for both), with `[i]` for the i-th number of a cell that holds
-several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23, [*] all three) and `[±]` for
-the spread after its first. Several rows give a range "low–high" (one value where they agree). `A ÷ B` divides
+value of ROW (exactly; `a+b` for either; `!a` for rows without it; `"a, b"` for a value with a
+comma; an empty ROW for every row); COLUMN is a header (`a+b` for both), with `[i]` for the i-th
+number of a cell that holds several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23,
+[*] all three) and `[±]` for the spread after its first. Several rows give a range "low–high" (one
+value where they agree). `A ÷ B` divides
 (row by row where both give several). A trailing `| .1f` sets the digits (default: the cells'
 own, or 2 for a quotient), `| %` writes a percentage, `| max` (`| min`) keeps the largest
 (smallest) value, and may be followed by one of those.
@@ -64,6 +65,13 @@ def _digits(text: str) -> int:
     return len(text.split(".")[1]) if "." in text else 0
 
 
+def _has(cells: list[str], want: str) -> bool:
+    """Whether a row's cells include `want` exactly (`a+b`: either; `!a`: not a)."""
+    if want.startswith("!"):
+        return not _has(cells, want[1:])
+    return any(a in cells for a in want.split("+"))
+
+
 def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int]]:
     """(value, printed digits) of every row a `ROW @ COLUMN[i]` term selects, in table order."""
     if "@" not in term:
@@ -80,7 +88,7 @@ def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int
             continue
         seen_col = True
         for cells, j in ((cells, header.index(c)) for cells in rows for c in cols):
-            if all(any(a in cells for a in w.split("+")) for w in want) and j < len(cells):
+            if all(_has(cells, w) for w in want) and j < len(cells):
                 values, spreads = _numbers(cells[j])
                 picked = (spreads[:1] if index == "±" else values if index == "*"
                           else values[int(index):int(index) + 1])
