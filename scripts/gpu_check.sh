@@ -31,9 +31,9 @@
 # context, so that the check is exercised by the ordinary test suite (tests/test_gpu_check.py) and
 # cannot rot between GPU runs.
 #
-# A bare GPU machine: needs torch, transformers, pytest and psutil; Hydra/OmegaConf are installed from
-# wheels in .whl/ beside this repo (`scripts/gpu_check.sh --wheels` builds them here: antlr4 4.9.3 has
-# no wheel, so pip builds one from its source), into a temporary folder, offline. Without them the
+# A bare GPU machine: needs torch and transformers; Hydra/OmegaConf and pytest, where missing, are
+# installed from wheels in .whl/ beside this repo (`scripts/gpu_check.sh --wheels` builds them here:
+# antlr4 4.9.3 has no wheel, so pip builds one from its source), into a temporary folder, offline. Without them the
 # methods are built from their classes (same defaults) and the one test that composes the shipped
 # configs is deselected, with a warning. The embedded SmolLM2 is used where it is built already: copy
 # ~/.cache/sparsespec/models/smollm2-135m-instruct (about 0.5 GB) to DIR/models/ there and set
@@ -42,7 +42,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WHEEL_SPECS=("hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" "antlr4-python3-runtime==4.9.3")
+# what a GPU machine with only torch and transformers lacks (all pure Python: one set serves any machine)
+WHEEL_SPECS=("hydra-core>=1.3,<1.4" "omegaconf>=2.3,<2.4" "antlr4-python3-runtime==4.9.3"
+    "pytest>=8" "pluggy>=1.5" "iniconfig>=1" "pygments>=2.7")
 
 usage() {
     cat <<'EOF'
@@ -55,7 +57,8 @@ usage: scripts/gpu_check.sh [--cpu] [--out DIR] [--models LIST] [--new-tokens N]
                   (default: llama8b_shape on a GPU, both with --cpu)
   --new-tokens N  tokens decoded per timed run (default: 128 on a GPU, 16 with --cpu)
   --hf-compile    let HF generate() compile its static-cache decode step (minutes per context length)
-  --wheels        build Hydra/OmegaConf/antlr4 wheels into .whl/ for a machine without them, and stop
+  --wheels        build the Hydra/OmegaConf/antlr4 and pytest wheels into .whl/ for a machine without
+                  them, and stop
 EOF
 }
 
@@ -139,22 +142,28 @@ if [[ "$MODE" == gpu ]] && ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch
     exit 2
 fi
 
-# Hydra / OmegaConf: present, or installed from .whl/ into a temporary folder, or done without
+# Hydra / OmegaConf and pytest: present, or installed from .whl/ into a temporary folder (only what is
+# missing, so nothing the machine has is shadowed), or done without (Hydra) / stopped for (pytest)
 NO_HYDRA=()
-has_hydra() { "$PYTHON" -c 'import hydra, omegaconf' 2>/dev/null; }
-if ! has_hydra; then
-    if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
-        SITE="$(mktemp -d)"
-        trap 'rm -rf "$SITE"' EXIT
-        say "installing Hydra/OmegaConf from $ROOT/.whl into $SITE (offline)"
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --find-links "$ROOT/.whl" \
-            --target "$SITE" hydra-core omegaconf antlr4-python3-runtime 2>&1 | tee -a "$LOG" || true
-        export PYTHONPATH="$PYTHONPATH:$SITE"
-    fi
-    if ! has_hydra; then
-        warn "Hydra/OmegaConf cannot be imported (fill .whl/ with scripts/gpu_check.sh --wheels): methods are built from their classes and the shipped-config test is deselected"
-        NO_HYDRA=(--no-hydra)
-    fi
+has() { "$PYTHON" -c "import $1" 2>/dev/null; }
+MISSING=()
+has "hydra, omegaconf" || MISSING+=(hydra-core omegaconf antlr4-python3-runtime)
+has pytest || MISSING+=(pytest pluggy iniconfig pygments)
+if ((${#MISSING[@]})) && compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+    SITE="$(mktemp -d)"
+    trap 'rm -rf "$SITE"' EXIT
+    say "installing ${MISSING[*]} from $ROOT/.whl into $SITE (offline)"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --find-links "$ROOT/.whl" \
+        --target "$SITE" "${MISSING[@]}" 2>&1 | tee -a "$LOG" || true
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+fi
+if ! has pytest; then
+    say "pytest cannot be imported by $PYTHON: bring its wheels in .whl/ (scripts/gpu_check.sh --wheels builds them)"
+    exit 2
+fi
+if ! has "hydra, omegaconf"; then
+    warn "Hydra/OmegaConf cannot be imported (fill .whl/ with scripts/gpu_check.sh --wheels): methods are built from their classes and the shipped-config test is deselected"
+    NO_HYDRA=(--no-hydra)
 fi
 
 CPU_FLAG=()
