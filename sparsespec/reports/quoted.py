@@ -13,7 +13,8 @@ and marks each quoted number in place:
 
 The query `ROW @ COLUMN` reads one column of the rows whose cells include every comma-separated
 value of ROW (exactly; `a+b` for either; `!a` for rows without it; `"a, b"` for a value with a
-comma; an empty ROW for every row); COLUMN is a header (`a+b` for both), with `[i]` for the i-th
+comma; an empty ROW for every row); COLUMN is a header (`a+b` for both; `name#2` for the second
+column of that name), with `[i]` for the i-th
 number of a cell that holds several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 0.81, [2] 4.23,
 [*] all three) and `[±]` for the spread after its first. Several rows give a range "low–high" (one
 value where they agree). `A ÷ B` divides
@@ -72,6 +73,14 @@ def _has(cells: list[str], want: str) -> bool:
     return any(a in cells for a in want.split("+"))
 
 
+def _column(header: list[str], name: str) -> int | None:
+    """The index of column `name` ("GB/s#2": the second column of that name), or None."""
+    m = re.fullmatch(r"(?P<name>.+)#(?P<n>\d+)", name)
+    name, n = (m["name"], int(m["n"])) if m and name not in header else (name, 1)
+    hits = [j for j, h in enumerate(header) if h == name]
+    return hits[n - 1] if len(hits) >= n else None
+
+
 def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int]]:
     """(value, printed digits) of every row a `ROW @ COLUMN[i]` term selects, in table order."""
     if "@" not in term:
@@ -83,11 +92,12 @@ def read_term(tables: list[list[list[str]]], term: str) -> list[tuple[float, int
     out, seen_col = [], False
     for table in tables:
         header, *rows = table
-        cols = [col] if col in header else [c for c in col.split("+") if c in header]  # a+b: either column
-        if not cols:
+        found = [j for c in ([col] if _column(header, col) is not None else col.split("+"))  # a+b: both
+                 if (j := _column(header, c)) is not None]
+        if not found:
             continue
         seen_col = True
-        for cells, j in ((cells, header.index(c)) for cells in rows for c in cols):
+        for cells, j in ((cells, j) for cells in rows for j in found):
             if all(_has(cells, w) for w in want) and j < len(cells):
                 values, spreads = _numbers(cells[j])
                 picked = (spreads[:1] if index == "±" else values if index == "*"
