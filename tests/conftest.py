@@ -22,6 +22,10 @@ DEVICE = torch.device(os.environ.get("SPARSESPEC_TEST_DEVICE", "cpu"))
 # default, one per core in every worker, oversubscribes them and spinning threads wait on each other).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+# The CPU attention kernel wherever it applies, as the exactness tests mean to check it, rather than
+# where a calibration (a timing, noisy beside other test workers) found it faster than PyTorch's
+# attention; test_cpu_kernel.py tests that choice itself.
+os.environ.setdefault("SPARSESPEC_CPU_KERNEL", "1")
 if DEVICE.type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

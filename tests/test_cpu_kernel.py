@@ -1,10 +1,13 @@
-"""The CPU attention kernel (sparsespec.kernels.cpu_attention): built where a compiler is found,
-equal to the reference path (output, LSE and the recall index's per-key mass) for 1 to 130 new
-tokens over up to 128k keys, in float32 and bfloat16 K/V; and where it cannot be built, one logged
-line and PyTorch's path, which equals the reference too."""
+"""The CPU attention kernel (sparsespec.kernels.cpu_attention): built where a compiler is found, in
+each of its builds (the processor's own and, on x86-64, the AVX2 one), each equal to the reference
+path (output, LSE and the recall index's per-key mass) for 1 to 130 new tokens over up to 128k keys,
+in float32 and bfloat16 K/V; where it cannot be built, one logged line and PyTorch's path, which
+equals the reference too; and the attention path takes it only where its calibration measured it
+at least as fast as PyTorch's."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 
@@ -32,7 +35,7 @@ def test_the_kernel_builds_where_a_compiler_is_found():
 @pytest.fixture
 def failed_build(monkeypatch, caplog):
     """The kernel as a machine without a compiler sees it: the build raises."""
-    def no_compiler():
+    def no_compiler(build="native"):
         raise RuntimeError("Error building extension: c++: command not found")
 
     monkeypatch.setattr(cpu_attention, "_build", no_compiler)
@@ -53,6 +56,20 @@ def test_a_failed_build_logs_one_line_and_falls_back(failed_build):
     assert len(lines) == 1 and "command not found" in lines[0] and "PyTorch's attention" in lines[0]
 
 
+def _builds():
+    """The builds this machine makes (the AVX2 one only on x86-64), each a test case."""
+    return [pytest.param(b, id=b) for b in cpu_attention.builds()]
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_each_build_is_compiled_for_its_instruction_set(build):
+    if not _compiler():
+        pytest.skip("no C++ compiler")
+    flags = open("/proc/cpuinfo").read() if build == "native" else ""
+    expected = 16 if build == "native" and " avx512f" in flags else 8
+    assert cpu_attention.vector_width(build) == expected
+
+
 def test_the_switch_turns_the_kernel_off(monkeypatch):
     monkeypatch.setenv(cpu_attention.ENV, "0")
     assert not cpu_attention.available() and not cpu_attention.applies(torch.zeros(1, 1, 64), torch.zeros(1, 1, 64))
@@ -65,17 +82,18 @@ def _case(hq, hkv, n, total, d, dtype, seed):
     return torch.randn(hq, n, d, generator=g), k, v
 
 
-def _kernel():
-    """The kernel's two functions, or where it cannot be built the paths that serve instead."""
-    if cpu_attention.available():
-        return cpu_attention.few_rows_attention, cpu_attention.attention_mass
+def _kernel(build="native"):
+    """A build's two functions, or where it cannot be built the paths that serve instead."""
+    if cpu_attention.available(build):
+        return (lambda q, k, v, scale: cpu_attention.few_rows_attention(q, k, v, scale, build)), \
+            (lambda q, lse, k, scale: cpu_attention.attention_mass(q, lse, k, scale, build))
     return ((lambda q, k, v, scale: attend(q, k.float(), v.float(), scale, lse_rows=q.shape[1])),
             (lambda q, lse, k, scale: attention_mass(q, lse, k.float(), scale)))
 
 
-def _check(q, k, v, atol):
+def _check(q, k, v, atol, build="native"):
     n, total = q.shape[1], k.shape[1]
-    few_rows, mass = _kernel()
+    few_rows, mass = _kernel(build)
     out, lse = few_rows(q, k, v, 0.125)
     ref, ref_lse = _attend_reference(q, k.float(), v.float(), 0.125, causal_block_mask(n, total), n)
     torch.testing.assert_close(out, ref, atol=atol, rtol=1e-4, msg=f"out T={total} n={n}")
@@ -91,18 +109,20 @@ def _scores(q, k):
     return (q @ k.repeat_interleave(hq // hkv, 0).transpose(1, 2)) * 0.125
 
 
+@pytest.mark.parametrize("build", _builds())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_equals_reference_for_1_to_130_new_tokens(dtype):
-    for hq, hkv, d in ((9, 3, 64), (4, 2, 16), (8, 1, 128), (2, 2, 32)):
+def test_kernel_equals_reference_for_1_to_130_new_tokens(dtype, build):
+    for hq, hkv, d in ((9, 3, 64), (4, 2, 16), (8, 1, 128), (2, 2, 32), (14, 2, 64)):
         for total in (1, 17, 130, 515, 4103):
             for n in (1, 2, 3, 5, 8, 17, 64, 130):
                 if n <= total:
-                    _check(*_case(hq, hkv, n, total, d, dtype, seed=n + total), atol=2e-5)
+                    _check(*_case(hq, hkv, n, total, d, dtype, seed=n + total), atol=2e-5, build=build)
 
 
-def test_kernel_at_128k_keys():
+@pytest.mark.parametrize("build", _builds())
+def test_kernel_at_128k_keys(build):
     for n in (1, 5, 130):
-        _check(*_case(3, 1, n, 128 * 1024, 64, torch.float32, seed=n), atol=2e-5)
+        _check(*_case(3, 1, n, 128 * 1024, 64, torch.float32, seed=n), atol=2e-5, build=build)
 
 
 def test_attend_and_attention_mass_take_the_kernel_where_it_applies(monkeypatch):
@@ -116,3 +136,73 @@ def test_attend_and_attention_mass_take_the_kernel_where_it_applies(monkeypatch)
     attend(torch.randn(9, 100, 64), k, v, 0.125)  # a prefill chunk: PyTorch's fused kernel
     attend(q, k, v, 0.125, mask=causal_block_mask(3, 600))  # an explicit mask: the reference path
     assert calls == (["attend", "mass"] if _compiler() else [])
+
+
+@pytest.fixture
+def calibrated(monkeypatch, tmp_path):
+    """The choice as a user gets it (the switch unset), calibrations saved under tmp_path, and a
+    calibration that reports the times of `table` ({(op, n bucket): (kernel ms, PyTorch ms)})."""
+    if not cpu_attention.available():
+        pytest.skip("no kernel build here")
+    monkeypatch.delenv(cpu_attention.ENV, raising=False)
+    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_attention, "_calibration", {})
+    monkeypatch.setattr(cpu_attention, "_build_dir", lambda build: tmp_path)
+    table, measured = {}, []
+
+    def calibrate(op, group, n, d, dtype, pytorch):
+        measured.append((op, group, n, d))
+        return list(table[(op, n)])
+
+    monkeypatch.setattr(cpu_attention, "calibrate", calibrate)
+    return table, measured
+
+
+def test_the_attention_path_takes_the_faster_of_kernel_and_pytorch(calibrated, monkeypatch):
+    table, measured = calibrated
+    table.update({("attention", 1): (10.0, 20.0), ("attention", 5): (30.0, 20.0), ("mass", 5): (5.0, 50.0),
+                  ("mass", 17): (60.0, 50.0)})
+    calls = []
+    real = cpu_attention.few_rows_attention, cpu_attention.attention_mass
+    monkeypatch.setattr(cpu_attention, "few_rows_attention", lambda *a: calls.append("kernel") or real[0](*a))
+    monkeypatch.setattr(cpu_attention, "attention_mass", lambda *a: calls.append("kernel mass") or real[1](*a))
+    k, v = torch.randn(3, 600, 64), torch.randn(3, 600, 64)
+    for n, mass_n, want in ((1, 5, ["kernel", "kernel mass"]), (4, 17, []), (5, 10, [])):
+        calls.clear()
+        q = torch.randn(9, n, 64)
+        out, lse = attend(q, k, v, 0.125, lse_rows=n)
+        ref, ref_lse = _attend_reference(q, k, v, 0.125, causal_block_mask(n, 600), n)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)  # whichever path serves, the same result
+        attention_mass(torch.randn(9, mass_n, 64), torch.full((9, mass_n), 9.0), k, 0.125)
+        assert calls == want, (n, mass_n)
+    # one measurement per (op, group, calibrated count, head size), then the saved choice
+    assert measured == [("attention", 3, 1, 64), ("mass", 3, 5, 64), ("attention", 3, 5, 64), ("mass", 3, 17, 64)]
+    saved = json.loads((cpu_attention._build_dir("native") / "calibration.json").read_text())
+    assert saved["attention g3 n5 d64 float32"] == [30.0, 20.0]
+    monkeypatch.setattr(cpu_attention, "_calibration", {})  # a new process reads the saved choices
+    attend(torch.randn(9, 1, 64), k, v, 0.125)
+    assert len(measured) == 4 and calls[-1] == "kernel"
+
+
+def test_the_switch_on_skips_the_calibration(calibrated, monkeypatch):
+    _, measured = calibrated
+    monkeypatch.setenv(cpu_attention.ENV, "1")
+    assert cpu_attention.applies(torch.randn(9, 5, 64), torch.randn(3, 600, 64), "attention", lambda *a: None)
+    assert measured == []
+
+
+def test_a_calibration_times_the_kernel_and_the_pytorch_path_on_the_same_tensors(monkeypatch):
+    if not cpu_attention.available():
+        pytest.skip("no kernel build here")
+    monkeypatch.setattr(cpu_attention, "CALIBRATION_KEYS", 256)
+    monkeypatch.setattr(cpu_attention, "CALIBRATION_BYTES", 1 << 20)
+    seen = []
+
+    def pytorch(q, k, v, scale):
+        seen.append((tuple(q.shape), tuple(k.shape), scale))
+        return attend(q, k, v, scale)
+
+    kernel_ms, pytorch_ms = cpu_attention.calibrate("attention", 4, 5, 32, torch.float32, pytorch)
+    assert kernel_ms > 0 and pytorch_ms > 0
+    layers = -(-(1 << 20) // (2 * 2 * 256 * 32 * 4))  # K and V of 2 heads x 256 keys x 32 floats a layer
+    assert seen[0] == ((8, 5, 32), (2, 256, 32), 32 ** -0.5) and len(seen) == 4 * layers  # warm-up + 3 timed passes

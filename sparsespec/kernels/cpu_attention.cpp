@@ -7,6 +7,16 @@
 //
 // Rows are ordered (group g, new token i) -> g * n + i. New token i (of n, the last n positions of
 // the keys) sees keys [0, T - n + i]: the causal block at the end of the cache.
+//
+// Vector width. All vector code is written for W floats, the processor's own register width: 16
+// with AVX-512, 8 with AVX2 (and other targets). An earlier version fixed the width at 16 floats;
+// built for AVX2 each such value is a pair of registers, its 16-lane shuffles (the reductions and
+// transposes of the scores) are not AVX2 instructions and were lowered to lane-by-lane code
+// through memory, and its 16 accumulators of 16 floats took all 32 halves of the register file
+// before the queries and keys were loaded, so most operands were spilled to the stack: 2-8x
+// slower than PyTorch's attention on AVX2-only processors. At the native width every shuffle is
+// one instruction and every loop keeps its accumulators in registers (the register blocks below
+// are sized for 16 registers under AVX2 and 32 under AVX-512).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -21,213 +31,294 @@
 #include <utility>
 #include <vector>
 
+// The op namespace: the build defines it so that two builds of this file (the processor's own and
+// the portable AVX2 one) can be loaded side by side.
+#ifndef SPARSESPEC_LIB
+#define SPARSESPEC_LIB sparsespec_cpu
+#endif
+
 namespace {
+
+#if defined(__AVX512F__)
+constexpr int W = 16;
+#else
+constexpr int W = 8;
+#endif
+constexpr int kRegisters = W == 16 ? 32 : 16;  // vector registers of the target
 
 constexpr int64_t kBlock = 512;  // keys per task: a block's scores and values stay in the core's L2
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 16 floats as one value: GCC and Clang lower it to whatever SIMD the processor has (one AVX-512
-// register, two AVX2 registers, four NEON registers), so the code is portable and still vectorised.
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  // an unaligned load or store
-typedef int32_t i16 __attribute__((vector_size(64)));
+// W floats as one value, which GCC lowers to one register of the target.
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef float vfu __attribute__((vector_size(W * 4), aligned(4)));  // an unaligned load or store
+typedef int32_t vi __attribute__((vector_size(W * 4)));
 
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
-inline void store(float* p, v16 x) { *reinterpret_cast<v16u*>(p) = x; }
-inline v16 splat(float x) { return v16{} + x; }
+inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vfu*>(p) = x; }
+inline vf splat(float x) { return vf{} + x; }
+inline float lane_sum(vf x) {
+  float s = 0.0f;
+  for (int l = 0; l < W; ++l) s += x[l];
+  return s;
+}
 
 // exp(x) for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6
 // polynomial, about 1 ulp; below -87 it flushes to about 1e-38 (nothing, beside the row's max).
-inline v16 exp_nonpositive(v16 x) {
+inline vf exp_nonpositive(vf x) {
   x = x < -87.0f ? splat(-87.0f) : x;
-  const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 n = (x * 1.44269504088896341f + magic) - magic;
-  const v16 r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  v16 p = splat(1.0f / 720.0f);
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf n = (x * 1.44269504088896341f + magic) - magic;
+  const vf r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  vf p = splat(1.0f / 720.0f);
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
-  return p * reinterpret_cast<const v16&>(bits);
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  return p * reinterpret_cast<const vf&>(bits);
 }
 
-// The lane sums of 16 vectors as one vector (lane j = the sum of a[j]): four levels of shuffles
-// and adds, about three operations a sum instead of a horizontal reduction each.
-inline v16 transpose_sum(v16* a) {
-  const i16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const i16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const i16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const i16 hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  const i16 lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const i16 hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  const i16 lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const i16 hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  v16 b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i) b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo8) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi8);
-  for (int i = 0; i < 4; ++i) c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], lo4) + __builtin_shuffle(b[2 * i], b[2 * i + 1], hi4);
-  for (int i = 0; i < 2; ++i) d[i] = __builtin_shuffle(c[2 * i], c[2 * i + 1], lo2) + __builtin_shuffle(c[2 * i], c[2 * i + 1], hi2);
-  return __builtin_shuffle(d[0], d[1], lo1) + __builtin_shuffle(d[0], d[1], hi1);
+// Shuffle masks over the 2W lanes of a pair (x, y), built at compile time for the target's W.
+// interleave<h>: the pair's blocks of h lanes, x's first (the rounds of a transpose);
+// halves<s>: the lanes whose index mod 2s is below s (lo) or not (hi), x's then y's (the rounds of
+// a transposed sum).
+template <int H, bool Hi, size_t... L>
+constexpr vi interleave_mask(std::index_sequence<L...>) {
+  return vi{static_cast<int>((L % (2 * H)) < H ? (Hi ? L + H : L) : (Hi ? W + L : W + L - H))...};
+}
+template <int S, bool Hi, size_t... K>
+constexpr vi halves_mask(std::index_sequence<K...>) {
+  return vi{static_cast<int>((K < W / 2 ? 0 : W) + ((K % (W / 2)) / S) * 2 * S + (K % (W / 2)) % S + (Hi ? S : 0))...};
+}
+
+// Transpose W vectors in place (a[i][j] <- a[j][i]): log2(W) rounds that swap the off-diagonal
+// blocks of size W/2, ..., 1, two shuffles a pair of vectors each.
+template <int H = W / 2>
+inline void transpose(vf* a) {
+  if constexpr (H >= 1) {
+    constexpr vi lo = interleave_mask<H, false>(std::make_index_sequence<W>{});
+    constexpr vi hi = interleave_mask<H, true>(std::make_index_sequence<W>{});
+    for (int i = 0; i < W; ++i) {
+      if (i & H) continue;
+      const vf x = a[i], y = a[i + H];
+      a[i] = __builtin_shuffle(x, y, lo);
+      a[i + H] = __builtin_shuffle(x, y, hi);
+    }
+    transpose<H / 2>(a);
+  }
+}
+
+// The lane sums of 2S vectors, S = W/2 at the top (lane j of the result = the sum of a[j]): each
+// round adds the two halves of every vector pair, halving the count, so a sum costs about three
+// operations instead of a horizontal reduction each.
+template <int S = W / 2>
+inline vf transpose_sum(vf* a) {
+  if constexpr (S == 0) {
+    return a[0];
+  } else {
+    constexpr vi lo = halves_mask<S, false>(std::make_index_sequence<W>{});
+    constexpr vi hi = halves_mask<S, true>(std::make_index_sequence<W>{});
+    vf b[S];
+    for (int i = 0; i < S; ++i) b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi);
+    return transpose_sum<S / 2>(b);
+  }
 }
 
 // Keys or values [j0, j0 + width) of one head as float32 rows of d: the rows themselves when they
-// are float32, else converted into `scratch`.
+// are float32, else widened into `scratch` (a bfloat16 is the top half of a float32).
 template <typename T>
 const float* as_float(const T* src, int64_t stride, int64_t width, int64_t d, float* scratch, int64_t& out_stride) {
   if constexpr (std::is_same_v<T, float>) {
     out_stride = stride;
     return src;
   } else {
+    const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(scratch);
     for (int64_t j = 0; j < width; ++j)
-      for (int64_t i = 0; i < d; ++i) scratch[j * d + i] = static_cast<float>(src[j * stride + i]);
+      for (int64_t i = 0; i < d; ++i) dst[j * d + i] = static_cast<uint32_t>(raw[j * stride + i]) << 16;
     out_stride = d;
     return scratch;
   }
 }
 
-// Transpose 16 vectors in place (a[i][j] <- a[j][i]): four rounds that swap the off-diagonal
-// blocks of size 8, 4, 2 and 1, two shuffles a pair of vectors each.
-inline void transpose16(v16* a) {
-  static const i16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                            {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
-                            {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-                            {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
-  static const i16 hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
-                            {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
-                            {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
-                            {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-  for (int round = 0, h = 8; round < 4; ++round, h /= 2) {
-    for (int i = 0; i < 16; ++i) {
-      if (i & h) continue;
-      const v16 x = a[i], y = a[i + h];
-      a[i] = __builtin_shuffle(x, y, lo[round]);
-      a[i + h] = __builtin_shuffle(x, y, hi[round]);
-    }
-  }
+// Prefetch one key's (or value's) row of d floats into L2, a cache line at a time. Into L2, not
+// L1: a block's keys or values are prefetched a whole phase ahead (the values while the scores are
+// computed, the next block's keys while the values are summed), more than L1 holds, and requests
+// into L1 were measured to slow a step down where those into L2 sped it up.
+inline void prefetch_row(const float* p, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(p + i, 0, 2);
 }
 
-// Scores of rows against 16 keys, two ways, both into s[r * kBlock + jj]:
-// - few rows: per row, 16 dot products (C FMAs each) summed across lanes together;
-// - 16 rows (a tile, zero-padded): the rows in the lanes, qt = the tile's queries as [d][16], one
-//   FMA per dimension and key with the key's element broadcast, then one transpose of the 16x16
-//   result. No reductions: it pays from about 8 rows.
+// Scores of rows against W keys, two ways, both into s[r * kBlock + jj]:
+// - few rows: per row, W dot products (C FMAs each) summed across lanes together;
+// - a tile of W rows (zero-padded): the rows in the lanes, qt = the tile's queries as [d][W], one
+//   FMA per dimension and key with the key's element broadcast, then one transpose of the W x W
+//   result. No reductions: it pays from about W / 2 rows.
+// On the first row (or tile) the next W keys are prefetched, and (`ahead`) these keys' values.
 template <int C>
-inline void scores16_few(const float* q, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
-                         const float* ahead, int64_t as) {
-  constexpr int64_t d = C * 16;
+inline void scores_few(const float* q, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
+                       const float* ahead, int64_t as) {
+  constexpr int64_t d = C * W;
+  if (prefetch) {
+    for (int jj = 0; jj < W; ++jj) {
+      prefetch_row(k + (W + jj) * ks, d);
+      if (ahead != nullptr) prefetch_row(ahead + jj * as, d);
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    v16 qc[C], acc[16];
-    for (int c = 0; c < C; ++c) qc[c] = load(q + r * d + 16 * c);
-    for (int jj = 0; jj < 16; ++jj) {
-      const float* kj = k + jj * ks;
-      if (prefetch && r == 0) {  // the next 16 keys and (`ahead`) these keys' values, spread among the products
-        for (int c = 0; c < C; ++c) __builtin_prefetch(kj + 16 * ks + 16 * c);
-        if (ahead != nullptr) {
-          for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + jj * as + 16 * c);
-        }
-      }
-      v16 a = qc[0] * load(kj);
-      for (int c = 1; c < C; ++c) a += qc[c] * load(kj + 16 * c);
-      acc[jj] = a;
+    const float* qr = q + r * d;
+    // the W keys' products chunk by chunk: W independent FMA chains (one chain per key would
+    // wait on each FMA's latency)
+    vf acc[W] = {};
+    for (int c = 0; c < C; ++c) {
+      const vf qc = load(qr + W * c);
+      for (int jj = 0; jj < W; ++jj) acc[jj] += qc * load(k + jj * ks + W * c);
     }
     store(s + r * kBlock, transpose_sum(acc));
   }
 }
 
 template <int C>
-inline void scores16_tile(const float* qt, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
-                          const float* ahead, int64_t as) {
-  constexpr int64_t d = C * 16;
-  v16 acc[16] = {};
+inline void scores_tile(const float* qt, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
+                        const float* ahead, int64_t as) {
+  constexpr int64_t d = C * W;
+  constexpr int64_t lines = d / 16;  // cache lines in a key's row
+  vf acc[W] = {};
   for (int64_t i = 0; i < d; ++i) {
-    if (prefetch) {  // one line of the next 16 keys a dimension, and (`ahead`) these keys' values
-      __builtin_prefetch(k + (16 + i / C) * ks + 16 * (i % C));
-      if (ahead != nullptr && i % C == 0) {
-        for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + (i / C) * as + 16 * c);
-      }
+    // spread among the products, one line a dimension: the next W keys, and these keys' values
+    if (prefetch && i < W * lines) {
+      __builtin_prefetch(k + (W + i / lines) * ks + 16 * (i % lines), 0, 2);
+      if (ahead != nullptr) __builtin_prefetch(ahead + (i / lines) * as + 16 * (i % lines), 0, 2);
     }
-    const v16 qi = load(qt + 16 * i);
-    for (int jj = 0; jj < 16; ++jj) acc[jj] += qi * k[jj * ks + i];
+    const vf qi = load(qt + W * i);
+    for (int jj = 0; jj < W; ++jj) acc[jj] += qi * k[jj * ks + i];
   }
-  transpose16(acc);  // acc[r] = row r's scores of the 16 keys
+  transpose(acc);  // acc[r] = row r's scores of the W keys
   for (int64_t r = 0; r < rows; ++r) store(s + r * kBlock, acc[r]);
 }
 
-constexpr int64_t kTileFrom = 8;  // rows in a 16-row tile from which the tile path is taken
+constexpr int64_t kTileFrom = W / 2;  // rows in a W-row tile from which the tile path is taken
 
 // s[r * kBlock + j] = q_r . k_j for `rows` rows (q already scaled; qt: the same queries in tiles of
-// 16 as [d][16]) and `width` keys, head size C * 16. `ahead` (may be null): rows of stride `as` to
+// W as [d][W]) and `width` keys, head size C * W. `ahead` (may be null): rows of stride `as` to
 // prefetch alongside, one per key (the same keys' values), so that memory keeps streaming while
 // the scores are computed.
 template <int C>
 void scores(const float* q, const float* qt, int64_t rows, const float* k, int64_t ks, int64_t width, float* s,
             const float* ahead = nullptr, int64_t as = 0) {
-  constexpr int64_t d = C * 16;
+  constexpr int64_t d = C * W;
   int64_t j = 0;
-  for (; j + 16 <= width; j += 16) {
+  for (; j + W <= width; j += W) {
     const float* next = ahead != nullptr ? ahead + j * as : nullptr;
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-      const int64_t n = std::min<int64_t>(16, rows - r0);
+    for (int64_t r0 = 0; r0 < rows; r0 += W) {
+      const int64_t n = std::min<int64_t>(W, rows - r0);
       if (n >= kTileFrom) {
-        scores16_tile<C>(qt + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
+        scores_tile<C>(qt + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
       } else {
-        scores16_few<C>(q + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
+        scores_few<C>(q + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
       }
     }
   }
   for (; j < width; ++j) {
     const float* kj = k + j * ks;
     for (int64_t r = 0; r < rows; ++r) {
-      v16 a = load(q + r * d) * load(kj);
-      for (int c = 1; c < C; ++c) a += load(q + r * d + 16 * c) * load(kj + 16 * c);
-      float sum = 0.0f;
-      for (int l = 0; l < 16; ++l) sum += a[l];
-      s[r * kBlock + j] = sum;
+      vf a = load(q + r * d) * load(kj);
+      for (int c = 1; c < C; ++c) a += load(q + r * d + W * c) * load(kj + W * c);
+      s[r * kBlock + j] = lane_sum(a);
     }
   }
 }
 
-// The scaled queries of each head, [heads, rows, d], and the same in tiles of 16 rows as [d][16]
+// The scaled queries of each head, [heads, rows, d], and the same in tiles of W rows as [d][W]
 // (zero past the last row), as `scores` takes them.
 inline void scaled_queries(const float* q, int64_t heads, int64_t rows, int64_t d, float scale, std::vector<float>& qs,
                            std::vector<float>& qt) {
-  const int64_t tiles = (rows + 15) / 16;
+  const int64_t tiles = (rows + W - 1) / W;
   qs.resize(heads * rows * d);
-  qt.assign(heads * tiles * 16 * d, 0.0f);
+  qt.assign(heads * tiles * W * d, 0.0f);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < d; ++i) {
         const float x = q[(h * rows + r) * d + i] * scale;
         qs[(h * rows + r) * d + i] = x;
-        qt[((h * tiles + r / 16) * d + i) * 16 + r % 16] = x;
+        qt[((h * tiles + r / W) * d + i) * W + r % W] = x;
       }
 }
 
-// o[r] = sum_j p[r, j] v_j for `rows` rows (a multiple of the tile), head size C * 16: a tile of
-// rows keeps its outputs in registers while the values stream past.
-// `ahead` (may be null): `ahead_rows` rows of stride `as` to prefetch while the first tile runs
-// (the next block's keys).
+// o[r] = sum_j p[r, j] v_j for T rows, head size C * W, register-blocked: the T rows' outputs for
+// CB chunks of the head stay in registers (T * CB accumulators, at most about three quarters of
+// the register file, the rest for the broadcast weights and the value being read) while the
+// values stream past, one pass over the keys per CB chunks. `ahead` (may be null): `ahead_rows`
+// rows of stride `as` to prefetch during the first pass (the next block's keys).
+constexpr int kAccumulators = kRegisters * 3 / 4;
+
+// Chunks of the head a tile accumulates: as many as the accumulators allow (a power of two, as C
+// is), so that the first tile of rows reads each value's row whole, front to back: split into
+// passes of fewer chunks, each pass reads every row in part and the hardware prefetcher streams
+// the values worse (measured slower for one new token).
+template <int C>
+constexpr int chunks_per_pass() {
+  int cb = 1;
+  while (cb * 2 <= kAccumulators && cb * 2 <= C) cb *= 2;
+  return cb;
+}
+
+template <int C>
+constexpr int rows_per_tile() { return std::max(1, kAccumulators / chunks_per_pass<C>()); }
+
+template <int C, int T>
+inline void values_tile(const float* p, const float* v, int64_t vs, int64_t width, float* o, bool first,
+                        const float* ahead, int64_t as, int64_t ahead_rows) {
+  constexpr int CB = chunks_per_pass<C>();
+  static_assert(C % CB == 0, "the head's chunks split into whole passes");
+  for (int c0 = 0; c0 < C; c0 += CB) {
+    vf acc[T][CB];
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < CB; ++c) acc[t][c] = first ? vf{} : load(o + t * C * W + W * (c0 + c));
+    for (int64_t j = 0; j < width; ++j) {
+      if (c0 == 0 && j < ahead_rows) prefetch_row(ahead + j * as, C * W);
+      const float* vj = v + j * vs + W * c0;
+      for (int c = 0; c < CB; ++c) {
+        const vf x = load(vj + W * c);
+        for (int t = 0; t < T; ++t) acc[t][c] += p[t * kBlock + j] * x;  // a scalar operand: broadcast
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < CB; ++c) store(o + t * C * W + W * (c0 + c), acc[t][c]);
+  }
+}
+
+// values_tile over `rows` rows: whole tiles of rows_per_tile, then one tile of the rest.
+template <int C, int T = rows_per_tile<C>()>
+void values_rows(const float* p, int64_t rows, const float* v, int64_t vs, int64_t width, float* o, bool first,
+                 const float* ahead, int64_t as, int64_t ahead_rows) {
+  constexpr int64_t d = C * W;
+  int64_t r0 = 0;
+  for (; r0 + T <= rows; r0 += T) {
+    values_tile<C, T>(p + r0 * kBlock, v, vs, width, o + r0 * d, first, ahead, as, r0 == 0 ? ahead_rows : 0);
+  }
+  if constexpr (T > 1) {
+    if (r0 < rows) {
+      values_rows<C, T - 1>(p + r0 * kBlock, rows - r0, v, vs, width, o + r0 * d, first, ahead, as,
+                            r0 == 0 ? ahead_rows : 0);
+    }
+  }
+}
+
+// o[r] = sum_j p[r, j] v_j over a block's keys, taken in slices of 16 KB of values: every tile of
+// rows after the first reads a slice from L1 instead of L2, whose bandwidth would otherwise bound
+// a verification pass (a tile re-reads the values once per tile of rows).
 template <int C>
 void weighted_values(const float* p, int64_t rows, const float* v, int64_t vs, int64_t width, float* o,
                      const float* ahead = nullptr, int64_t as = 0, int64_t ahead_rows = 0) {
-  constexpr int64_t d = C * 16, tile = 16 / C;
-  for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-    v16 acc[tile][C] = {};
-    for (int64_t j = 0; j < width; ++j) {
-      if (r0 == 0 && j < ahead_rows) {
-        for (int c = 0; c < C; ++c) __builtin_prefetch(ahead + j * as + 16 * c);
-      }
-      v16 vc[C];
-      for (int c = 0; c < C; ++c) vc[c] = load(v + j * vs + 16 * c);
-      for (int64_t t = 0; t < tile; ++t) {
-        const float w = p[(r0 + t) * kBlock + j];  // a scalar operand: broadcast inside the FMA
-        for (int c = 0; c < C; ++c) acc[t][c] += w * vc[c];
-      }
-    }
-    for (int64_t t = 0; t < tile; ++t)
-      for (int c = 0; c < C; ++c) store(o + (r0 + t) * d + 16 * c, acc[t][c]);
+  constexpr int64_t slice = std::max<int64_t>(16, 4096 / (C * W));
+  for (int64_t j0 = 0; j0 < width; j0 += slice) {
+    const int64_t n = std::min(slice, width - j0), pre = std::clamp<int64_t>(ahead_rows - j0, 0, n);
+    values_rows<C>(p + j0, rows, v + j0 * vs, vs, n, o, j0 == 0, ahead != nullptr ? ahead + j0 * as : nullptr, as,
+                   pre);
   }
 }
 
@@ -237,28 +328,27 @@ inline int64_t row_end(int64_t r, int64_t n, int64_t total) { return total - n +
 // Row r's scores s[0, width) -> exp(s - max) over the `visible` first, 0 past them; returns (max, sum).
 inline std::pair<float, float> softmax_block(float* s, int64_t width, int64_t visible) {
   visible = std::clamp<int64_t>(visible, 0, width);
-  v16 top = splat(kNegInf);
+  vf top = splat(kNegInf);
   int64_t j = 0;
-  for (; j + 16 <= visible; j += 16) {
-    const v16 x = load(s + j);
+  for (; j + W <= visible; j += W) {
+    const vf x = load(s + j);
     top = x > top ? x : top;
   }
   float mx = kNegInf;
-  for (int l = 0; l < 16; ++l) mx = std::max(mx, top[l]);
+  for (int l = 0; l < W; ++l) mx = std::max(mx, top[l]);
   for (; j < visible; ++j) mx = std::max(mx, s[j]);
   float sum = 0.0f;
   j = 0;
   if (visible > 0) {
-    v16 acc = {};
-    for (; j + 16 <= visible; j += 16) {
-      const v16 e = exp_nonpositive(load(s + j) - mx);
+    vf acc = {};
+    for (; j + W <= visible; j += W) {
+      const vf e = exp_nonpositive(load(s + j) - mx);
       store(s + j, e);
       acc += e;
     }
-    for (int l = 0; l < 16; ++l) sum += acc[l];
+    sum = lane_sum(acc);
     for (; j < visible; ++j) {
-      v16 x = splat(s[j] - mx);
-      s[j] = exp_nonpositive(x)[0];
+      s[j] = exp_nonpositive(splat(s[j] - mx))[0];
       sum += s[j];
     }
   }
@@ -269,29 +359,28 @@ inline std::pair<float, float> softmax_block(float* s, int64_t width, int64_t vi
 template <typename T, int C>
 void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t n,
                     at::Tensor& out, at::Tensor& lse) {
-  constexpr int64_t d = C * 16, tile = 16 / C;
+  constexpr int64_t d = C * W;
   const int64_t heads = q.size(0), rows = q.size(1), total = k.size(1);
-  const int64_t padded = (rows + tile - 1) / tile * tile;  // the values' tiles see zero weights past rows
   const int64_t blocks = (total + kBlock - 1) / kBlock;
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   const int64_t kh = k.stride(0), kt = k.stride(1), vh = v.stride(0), vt = v.stride(1);
   // per (head, block): each row's max and sum, and its weighted values
   std::vector<float> part_m(heads * blocks * rows), part_l(heads * blocks * rows);
-  std::vector<float> part_o(heads * blocks * padded * d);
+  std::vector<float> part_o(heads * blocks * rows * d);
   std::vector<float> qs, qt;
   scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs, qt);
-  const int64_t tiles = (rows + 15) / 16;
+  const int64_t tiles = (rows + W - 1) / W;
 
   at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(padded * kBlock, 0.0f), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
+    std::vector<float> s(tiles * W * kBlock, 0.0f), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
       int64_t stride;
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
       constexpr bool direct = std::is_same_v<T, float>;  // prefetch what the next phase reads
-      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * 16 * d, rows, kb, stride, width, s.data(),
+      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * W * d, rows, kb, stride, width, s.data(),
                 direct ? reinterpret_cast<const float*>(vp + h * vh + j0 * vt) : nullptr, vt);
       for (int64_t r = 0; r < rows; ++r) {
         const auto [mx, sum] = softmax_block(s.data() + r * kBlock, width, row_end(r, n, total) - j0);
@@ -300,7 +389,7 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       }
       const float* vb = as_float(vp + h * vh + j0 * vt, vt, width, d, scratch.data(), stride);
       const int64_t next = task + 1 < end && (task + 1) % blocks != 0 ? std::min(kBlock, total - j0 - width) : 0;
-      weighted_values<C>(s.data(), padded, vb, stride, width, part_o.data() + task * padded * d,
+      weighted_values<C>(s.data(), rows, vb, stride, width, part_o.data() + task * rows * d,
                          direct ? reinterpret_cast<const float*>(kp + h * kh + (j0 + width) * kt) : nullptr, kt,
                          direct ? next : 0);
     }
@@ -313,17 +402,17 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const int64_t h = hr / rows, r = hr % rows;
       float top = kNegInf;
       for (int64_t b = 0; b < blocks; ++b) top = std::max(top, part_m[(h * blocks + b) * rows + r]);
-      v16 acc[C] = {};
+      vf acc[C] = {};
       float sum = 0.0f;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t at = (h * blocks + b) * rows + r;
         if (part_l[at] == 0.0f) continue;  // a block this row sees none of
         const float w = std::exp(part_m[at] - top);
         sum += w * part_l[at];
-        const float* src = part_o.data() + ((h * blocks + b) * padded + r) * d;
-        for (int c = 0; c < C; ++c) acc[c] += w * load(src + 16 * c);
+        const float* src = part_o.data() + ((h * blocks + b) * rows + r) * d;
+        for (int c = 0; c < C; ++c) acc[c] += w * load(src + W * c);
       }
-      for (int c = 0; c < C; ++c) store(op + hr * d + 16 * c, acc[c] / sum);
+      for (int c = 0; c < C; ++c) store(op + hr * d + W * c, acc[c] / sum);
       lp[hr] = top + std::log(sum);
     }
   });
@@ -332,7 +421,7 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 template <typename T, int C>
 void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, double scale, int64_t n,
                at::Tensor& mass) {
-  constexpr int64_t d = C * 16;
+  constexpr int64_t d = C * W;
   const int64_t heads = q.size(0), rows = q.size(1), total = k.size(1);
   const int64_t blocks = (total + kBlock - 1) / kBlock;
   const float* lp = lse.data_ptr<float>();
@@ -341,16 +430,16 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
   float* mp = mass.data_ptr<float>();  // [heads, n, total]
   std::vector<float> qs, qt;
   scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs, qt);
-  const int64_t tiles = (rows + 15) / 16;
+  const int64_t tiles = (rows + W - 1) / W;
 
   at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(rows * kBlock), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
+    std::vector<float> s(tiles * W * kBlock), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
       int64_t stride;
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
-      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * 16 * d, rows, kb, stride, width, s.data());
+      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * W * d, rows, kb, stride, width, s.data());
       // new token i's mass: the sum over its rows g * n + i (the query heads of the group), which
       // all see the same keys
       const int64_t groups = rows / n;
@@ -358,8 +447,8 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
         float* dst = mp + (h * n + i) * total + j0;
         const int64_t visible = std::clamp<int64_t>(row_end(i, n, total) - j0, 0, width);
         int64_t j = 0;
-        for (; j + 16 <= visible; j += 16) {
-          v16 acc = {};
+        for (; j + W <= visible; j += W) {
+          vf acc = {};
           for (int64_t g = 0; g < groups; ++g) {
             const int64_t r = g * n + i;
             acc += exp_nonpositive(load(s.data() + r * kBlock + j) - lp[h * rows + r]);
@@ -380,14 +469,14 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
   });
 }
 
-// Calls f with the head size as a count of 16-float chunks, for the sizes the kernel is built for.
+// Calls f with the head size as a count of W-float chunks, for the sizes the kernel is built for.
 template <typename T, typename F>
 void dispatch_head(int64_t d, F&& f) {
   switch (d) {
-    case 16: f.template operator()<T, 1>(); break;
-    case 32: f.template operator()<T, 2>(); break;
-    case 64: f.template operator()<T, 4>(); break;
-    case 128: f.template operator()<T, 8>(); break;
+    case 16: f.template operator()<T, 16 / W>(); break;
+    case 32: f.template operator()<T, 32 / W>(); break;
+    case 64: f.template operator()<T, 64 / W>(); break;
+    case 128: f.template operator()<T, 128 / W>(); break;
     default: TORCH_CHECK(false, "sparsespec_cpu: head size ", d, " is not built (16, 32, 64 or 128)");
   }
 }
@@ -435,14 +524,22 @@ at::Tensor attention_mass(const at::Tensor& q, const at::Tensor& lse, const at::
   return mass;
 }
 
+// The vector width this build was compiled for (8: AVX2 and others, 16: AVX-512).
+int64_t vector_width() { return W; }
+
 }  // namespace
 
-TORCH_LIBRARY(sparsespec_cpu, m) {
+// TORCH_LIBRARY pastes its first argument into names, so the namespace macro is expanded first.
+#define SPARSESPEC_DEFINE(ns, m) TORCH_LIBRARY(ns, m)
+#define SPARSESPEC_IMPL(ns, m) TORCH_LIBRARY_IMPL(ns, CPU, m)
+
+SPARSESPEC_DEFINE(SPARSESPEC_LIB, m) {
   m.def("few_rows_attention(Tensor q, Tensor k, Tensor v, float scale, int n) -> (Tensor, Tensor)");
   m.def("attention_mass(Tensor q, Tensor lse, Tensor k, float scale, int n) -> Tensor");
+  m.def("vector_width() -> int", vector_width);
 }
 
-TORCH_LIBRARY_IMPL(sparsespec_cpu, CPU, m) {
+SPARSESPEC_IMPL(SPARSESPEC_LIB, m) {
   m.impl("few_rows_attention", few_rows_attention);
   m.impl("attention_mass", attention_mass);
 }

@@ -47,8 +47,15 @@ def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: f
     """
     hq, c, d = q.shape
     hkv, total, _ = k.shape
-    if c <= total and cpu_attention.applies(q, k):  # one streaming pass over the keys for all rows
+    if c <= total and cpu_attention.applies(q, k, "mass", _pytorch_mass):  # one streaming pass over the keys
         return cpu_attention.attention_mass(q, lse, k, scale)
+    return _pytorch_mass(q, lse, k, scale)
+
+
+def _pytorch_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """`attention_mass` in PyTorch's operations (where the CPU kernel does not serve; its calibration's baseline)."""
+    hq, c, d = q.shape
+    hkv, total, _ = k.shape
     group = hq // hkv
     s = matmul_fp32(q.reshape(hkv, group * c, d), k.transpose(1, 2), "the recall index's attention mass",
                     chunk=KEY_CHUNK)  # [Hkv, G*c, T]

@@ -17,7 +17,7 @@ as LongSpec does:
   by a fused causal call for a prefill chunk).
 The two partial results are merged by their log-sum-exp. On the CPU, a step of at most
 SMALL_QUERY_BLOCK new tokens (decode, draft, verification) goes to sparsespec.kernels.cpu_attention
-instead when it could be built: it streams each key and value once for all the rows of a KV head,
+instead where it could be built and was measured at least as fast (a calibration per processor): it streams each key and value once for all the rows of a KV head,
 where PyTorch's kernels read a long cache well below the machine's bandwidth. The fused kernel is chosen by device
 (`fused_kernel`): PyTorch's CPU flash kernel; on CUDA its FlashAttention-2 kernel (fp16/bf16) or
 its memory-efficient kernel (fp32). With flash-attn installed (the `gpu` extra) a CUDA call in
@@ -145,7 +145,7 @@ def attend(
     """
     c = min(lse_rows, q.shape[1])
     if mask is None:
-        if q.shape[1] <= SMALL_QUERY_BLOCK and cpu_attention.applies(q, k):
+        if q.shape[1] <= SMALL_QUERY_BLOCK and cpu_attention.applies(q, k, "attention", _pytorch_few_rows):
             out, lse = cpu_attention.few_rows_attention(q, k, v, scale)
             return out, (lse[:, q.shape[1] - c :] if c else None)
         if flash_attn_applies(q.device, q.dtype):
@@ -156,6 +156,14 @@ def attend(
             out, lse = _attend_split(q, k, v, scale, kernel, split_keys=q.device.type == "cpu")
             return out, (lse[:, q.shape[1] - c :] if c else None)
     return _attend_reference(q, k, v, scale, mask, c)
+
+
+def _pytorch_few_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What serves a CPU step where the CPU kernel does not (the baseline it is calibrated against)."""
+    kernel = fused_kernel(q)
+    if kernel is None:
+        return _attend_reference(q, k, v, scale, None, q.shape[1])
+    return _attend_split(q, k, v, scale, kernel, split_keys=True)
 
 
 def _attend_flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
