@@ -273,7 +273,14 @@ def write_reports(rows: list[dict], out_dir: str | Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
-    write_atomic(out_dir / "summary.md", report_markdown(rows, summary))
+    md = report_markdown(rows, summary)
+    prov = out_dir / "provenance.json"  # an evaluate.py run's: where each process that wrote rows ran
+    if prov.is_file():
+        from sparsespec.provenance import provenance_text
+
+        texts = list(dict.fromkeys(provenance_text(p) for p in json.loads(prov.read_text(encoding="utf-8"))))
+        md = md.rstrip("\n") + "\n\n" + "".join(f"<sub>Provenance: {t}.</sub>\n" for t in texts)
+    write_atomic(out_dir / "summary.md", md)
     plot_paths = write_plots(rows, summary, out_dir)
     return {"summary": summary, "plots": plot_paths}
 

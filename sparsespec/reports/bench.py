@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from sparsespec.eval.summary import ctx_label, distinct_by_part
+from sparsespec.provenance import provenance_line
 from sparsespec.reports import ReportError
 from sparsespec.reports.cells import fmt, mean, mean_std
 from sparsespec.reports.figures import pyplot, save_png
@@ -232,7 +233,7 @@ def markdown(report: dict) -> str:
     parts = [f"Command: `{report['command']}`", machine_table(report), speed_table(report)]
     if max(len(rs) for rs in _groups(report).values()) > 1:
         parts.append("Spread over samples (every ratio against ar on the same sample):\n\n" + spread_table(report))
-    parts += [quarters_table(report), split_table(report)]
+    parts += [quarters_table(report), split_table(report), provenance_line(report)]
     return "\n\n".join(p for p in parts if p)
 
 

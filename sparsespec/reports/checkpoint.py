@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sparsespec.provenance import Provenance
+from sparsespec.provenance import Provenance, provenance_line
 from sparsespec.reports import ReportError
 
 
@@ -89,5 +89,5 @@ def checkpointed_report(script: str, args, argv: list[str] | None, settings: dic
               "command": f"python scripts/{script} " + " ".join(sys.argv[1:] if argv is None else argv)}
     report["provenance"] = checkpoint.provenance(prov)
     checkpoint.save(report, args.json)
-    print(markdown(report))
+    print(markdown(report) + "\n\n" + provenance_line(report))
     return report
