@@ -8,10 +8,11 @@ SmolLM2-135M's cache (30 layers, 3 KV heads of 64, 9 query heads) at one context
   expanded over head_dim) vs index_select of whole rows per head (what KVCache.gather does);
 - skinny products (`--skinny`): a few rows against every weight of a decode step, cold, as F.linear
   and as models.runner.linear takes them (`--json FILE` saves the table docs/performance.md shows);
-- attention (`--attention`): a few new tokens against every layer's cache, cold, through `attend`
-  with the CPU kernel and with PyTorch's path, and the recall index's refresh (kv.capture.
-  attention_mass) both ways, against a plain read of the same keys and values (`--json FILE` saves
-  the table docs/performance.md shows).
+- attention (`--attention`): a few new tokens against every layer's cache, cold, through each
+  build of the CPU kernel (the processor's own and, on x86-64, the AVX2 one) and PyTorch's path,
+  and the recall index's refresh (kv.capture.attention_mass) the same ways, against a plain read of
+  the same keys and values (`--json FILE` saves the table docs/performance.md shows, with the
+  processor and the instruction set of each build).
 Prints the median of --repeats timed calls after one warm-up. The benchmarks are
 sparsespec.reports.kernels; they call the library's own kernels.
 """
@@ -40,11 +41,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.skinny or args.attention:
         import json
 
+        from sparsespec.provenance import Provenance
         from sparsespec.reports.attention_kernel import bench_attention
 
         ctxs = [parse_ctx(c) for c in args.ctx.split(",")]
+        prov = Provenance.begin()
         report = bench_skinny(args.repeats, print) if args.skinny else bench_attention(ctxs, args.repeats, print)
         report["command"] = "python scripts/microbench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        report["provenance"] = prov.end()
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(report, indent=1))

@@ -1,77 +1,171 @@
-"""The CPU attention kernel against PyTorch's path and a plain read of the cache, cold: every
-layer's keys and values in turn, as a decode step reads them, on synthetic tensors shaped like
-SmolLM2-135M's cache. Used by `scripts/microbench.py --attention`; `attention_table` renders a saved
-report (no torch needed)."""
+"""The CPU attention kernel's builds against PyTorch's path and a plain read of the cache, cold:
+every layer's keys and values in turn, as a decode step reads them, on synthetic tensors shaped like
+SmolLM2-135M's cache. Each build this machine makes is timed (the processor's own, and on x86-64 the
+AVX2 one), so one run on an AVX-512 processor measures both instruction sets. The paths are timed
+in turns within each repeat, so that a change in the machine's speed during the run reaches all of
+them alike, and a timing during which another process used the CPU is discarded and taken again.
+Used by `scripts/microbench.py --attention`; `attention_table` renders a saved report (no torch
+needed)."""
 
 from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from sparsespec.reports import Say
 
 ATTENTION_TOKENS = (1, 2, 3, 5, 9, 17)  # new tokens per step: decode, then verification of k + 1
 MASS_QUERIES = (1, 5, 16)  # accepted queries per index refresh
+BUSY_TICKS = 1  # CPU ticks (1/100 s) other processes may take during one timing before it is redone
+RETRIES = 10
 
 
-def bench_attention(ctxs: list[int], repeats: int, say: Say = print) -> dict:
-    """Cold, as a step reads them (all 30 layers' K/V in turn): a plain read of the cache, then per
-    number of new tokens the attention of `attend` with the CPU kernel and with PyTorch's path, and
-    per number of accepted queries the recall index's mass pass both ways. {rows, threads, kernel}."""
+def _others_ticks() -> int:
+    """CPU ticks every other process has used since boot (Linux; 0 elsewhere, where nothing is discarded)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    busy = sum(map(int, fields)) - int(fields[3]) - int(fields[4])  # all but idle and iowait
+    return busy - int(own[11]) - int(own[12])  # less this process's user and system time
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """One timing in ms, taken again (up to RETRIES times) while other processes used the CPU."""
+    for _ in range(RETRIES):
+        before = _others_ticks()
+        t0 = time.perf_counter()
+        fn()
+        ms = 1000 * (time.perf_counter() - t0)
+        if _others_ticks() - before <= BUSY_TICKS:
+            break
+        time.sleep(0.2)
+    return ms
+
+
+def _in_turns(paths: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Each path once per repeat, in turn (after one warm-up each): {name: [ms per repeat]}."""
+    for fn in paths.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, fn in paths.items():
+            times[name].append(_timed(fn))
+    return times
+
+
+def _isa(build: str, width: int) -> str:
+    if build == "avx2":
+        return "AVX2 + FMA (x86-64-v3)"
+    return "AVX-512 (native)" if width == 16 else "AVX2 or other (native)"
+
+
+def _spread(ms: list[float]) -> dict:
+    return {"ms": statistics.median(ms), "min": min(ms), "max": max(ms), "n": len(ms)}
+
+
+def _context_rows(ctx: int, builds: list[str], repeats: int, say: Say) -> list[dict]:
+    """bench_attention's rows at one context."""
     import torch
 
     from sparsespec.kernels import cpu_attention
-    from sparsespec.kv.capture import attention_mass
-    from sparsespec.models.attention import attend
-    from sparsespec.reports.kernels import HKV, HQ, LAYERS, D, median_ms
+    from sparsespec.kv.capture import _pytorch_mass
+    from sparsespec.models.attention import _pytorch_few_rows
+    from sparsespec.reports.kernels import HKV, HQ, LAYERS, D
 
-    if not cpu_attention.available():
+    ks = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
+    vs = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
+    layers = list(zip(ks, vs, strict=True))
+    gb = 2 * LAYERS * HKV * ctx * D * 4 / 1e9
+
+    def read():
+        return [(k.sum(), v.sum()) for k, v in layers]
+
+    def measured(paths: dict, half: bool = False) -> tuple[float, dict[str, list[float]]]:
+        """The paths and the plain read in turns: (the read's median ms, K only if half; times)."""
+        times = _in_turns({"read": read, **paths}, repeats)
+        return statistics.median(times.pop("read")) / (2 if half else 1), times
+
+    def attention(build: str, q: torch.Tensor) -> Callable[[], object]:
+        if build == "pytorch":
+            return lambda: [_pytorch_few_rows(q, k, v, 0.125) for k, v in layers]
+        return lambda: [cpu_attention.few_rows_attention(q, k, v, 0.125, build) for k, v in layers]
+
+    def mass(build: str, q: torch.Tensor, lse: torch.Tensor) -> Callable[[], object]:
+        if build == "pytorch":
+            return lambda: [_pytorch_mass(q, lse, k, 0.125) for k in ks]
+        return lambda: [cpu_attention.attention_mass(q, lse, k, 0.125, build) for k in ks]
+
+    rows = []
+    say(f"{ctx} keys: K and V {gb * 1000:.0f} MB")
+    for n in ATTENTION_TOKENS:
+        q = torch.randn(HQ, n, D)
+        read_ms, times = measured({b: attention(b, q) for b in [*builds, "pytorch"]})
+        rows.append({"ctx": ctx, "op": "attention", "rows": n, "read_ms": read_ms, "bytes": gb * 1e9,
+                     "paths": {name: _spread(ms) for name, ms in times.items()}})
+        say(f"  attention, {n:2d} new tokens: read {read_ms:.1f} ms, " + ", ".join(
+            f"{name} {statistics.median(ms):6.1f} ms ({read_ms / statistics.median(ms):.2f} of the read)"
+            for name, ms in times.items()))
+    for c in MASS_QUERIES:
+        q, lse = torch.randn(HQ, c, D), torch.full((HQ, c), 5.0)
+        read_ms, times = measured({b: mass(b, q, lse) for b in [*builds, "pytorch"]}, half=True)
+        rows.append({"ctx": ctx, "op": "index refresh", "rows": c, "read_ms": read_ms, "bytes": gb / 2 * 1e9,
+                     "paths": {name: _spread(ms) for name, ms in times.items()}})
+        say(f"  index refresh, {c:2d} queries: read of K {read_ms:.1f} ms, " + ", ".join(
+            f"{name} {statistics.median(ms):6.1f} ms ({read_ms / statistics.median(ms):.2f} of the read)"
+            for name, ms in times.items()))
+    return rows
+
+
+def bench_attention(ctxs: list[int], repeats: int, say: Say = print) -> dict:
+    """Cold, as a step reads them (all 30 layers' K/V in turn): per number of new tokens the
+    attention of each kernel build and of PyTorch's path, and per number of accepted queries the
+    recall index's mass pass the same ways, each beside a plain read of the same keys (and values)
+    timed in the same turns.
+    {rows, builds, processor, threads, repeats}."""
+    import torch
+
+    from sparsespec.kernels import cpu_attention
+    from sparsespec.provenance import cpu_info
+
+    builds = [b for b in cpu_attention.builds() if cpu_attention.available(b)]
+    if not builds:
         raise RuntimeError("the CPU attention kernel could not be built here; nothing to compare")
-
-    def pytorch(fn):  # the same call with the kernel switched off
-        def run():
-            with cpu_attention.switched_off():
-                return fn()
-        return run
+    isa = {b: _isa(b, cpu_attention.vector_width(b)) for b in builds}
+    say("builds: " + ", ".join(f"{b} = {isa[b]}" for b in builds))
 
     rows = []
     for ctx in ctxs:
-        ks = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
-        vs = [torch.randn(HKV, ctx, D) for _ in range(LAYERS)]
-        gb = 2 * LAYERS * HKV * ctx * D * 4 / 1e9
-        read = median_ms(lambda ks=ks, vs=vs: [(k.sum(), v.sum()) for k, v in zip(ks, vs, strict=True)], repeats)
-        say(f"{ctx} keys: plain read of K and V ({gb * 1000:.0f} MB) {read:.1f} ms ({gb / read * 1000:.1f} GB/s)")
-        for n in ATTENTION_TOKENS:
-            q = torch.randn(HQ, n, D)
-
-            def step(q=q, ks=ks, vs=vs, n=n):
-                return [attend(q, k, v, 0.125, lse_rows=n) for k, v in zip(ks, vs, strict=True)]
-
-            ours, theirs = median_ms(step, repeats), median_ms(pytorch(step), repeats)
-            rows.append({"ctx": ctx, "op": "attention", "rows": n, "read_ms": read, "kernel_ms": ours,
-                         "pytorch_ms": theirs, "bytes": gb * 1e9})
-            say(f"  attention, {n:2d} new tokens: kernel {ours:6.1f} ms ({gb / ours * 1000:4.1f} GB/s, "
-                f"{read / ours:.2f} of the read), PyTorch {theirs:6.1f} ms ({gb / theirs * 1000:4.1f} GB/s)")
-        for c in MASS_QUERIES:
-            q, lse = torch.randn(HQ, c, D), torch.full((HQ, c), 5.0)
-
-            def refresh(q=q, lse=lse, ks=ks):
-                return [attention_mass(q, lse, k, 0.125) for k in ks]
-
-            ours, theirs = median_ms(refresh, repeats), median_ms(pytorch(refresh), repeats)
-            rows.append({"ctx": ctx, "op": "index refresh", "rows": c, "read_ms": read / 2, "kernel_ms": ours,
-                         "pytorch_ms": theirs, "bytes": gb / 2 * 1e9})
-            say(f"  index refresh, {c:2d} queries: kernel {ours:6.1f} ms ({gb / 2 / ours * 1000:4.1f} GB/s of keys), "
-                f"PyTorch {theirs:6.1f} ms ({gb / 2 / theirs * 1000:4.1f} GB/s)")
-        del ks, vs
-    return {"rows": rows, "threads": torch.get_num_threads(), "repeats": repeats}
+        rows += _context_rows(ctx, builds, repeats, say)
+    return {"rows": rows, "builds": isa, "processor": cpu_info()[0], "threads": torch.get_num_threads(),
+            "repeats": repeats}
 
 
 def attention_table(report: dict) -> str:
-    """The kernel against PyTorch's path and a plain read, per context, operation and row count."""
-    lines = ["| keys | operation | new tokens / queries | plain read ms | kernel ms | GB/s | share of the read rate "
-             "| PyTorch ms | GB/s | kernel speedup |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """Per context, operation and row count: the plain read, each build's time and share of the read
+    rate, PyTorch's time, and each build's speedup over PyTorch (median of the repeats, with the
+    range of the kernel's share of the read)."""
+    builds = list(report["builds"])
+    head = ["keys", "operation", "new tokens / queries", "plain read ms"]
+    for b in builds:
+        head += [f"{report['builds'][b]} ms", "share of the read"]
+    head += ["PyTorch ms", "share of the read"] + [f"{report['builds'][b].split(' (')[0]} vs PyTorch" for b in builds]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in report["rows"]:
-        gb = r["bytes"] / 1e9
-        lines.append(f"| {r['ctx'] // 1024}k | {r['op']} | {r['rows']} | {r['read_ms']:.1f} | {r['kernel_ms']:.1f} | "
-                     f"{gb / r['kernel_ms'] * 1000:.1f} | {r['read_ms'] / r['kernel_ms']:.2f} | {r['pytorch_ms']:.1f} | "
-                     f"{gb / r['pytorch_ms'] * 1000:.1f} | {r['pytorch_ms'] / r['kernel_ms']:.2f}× |")
-    return "\n".join(lines) + f"\n\n<sub>{report['threads']} threads; median of {report['repeats']} cold passes " \
-        "over all 30 layers after one warm-up.</sub>"
+        p = r["paths"]
+        cells = [f"{r['ctx'] // 1024}k", r["op"], str(r["rows"]), f"{r['read_ms']:.1f}"]
+        for name in [*builds, "pytorch"]:
+            t = p[name]
+            cells += [f"{t['ms']:.1f}",
+                      f"{r['read_ms'] / t['ms']:.2f} ({r['read_ms'] / t['max']:.2f}–{r['read_ms'] / t['min']:.2f})"]
+        cells += [f"{p['pytorch']['ms'] / p[b]['ms']:.2f}×" for b in builds]
+        lines.append("| " + " | ".join(cells) + " |")
+    n = min(t["n"] for r in report["rows"] for t in r["paths"].values())
+    return "\n".join(lines) + (
+        f"\n\n<sub>{report['processor']}; {report['threads']} threads; median of {report['repeats']} cold passes "
+        f"over all 30 layers after one warm-up (at least {n} timings each, taken in turns, redone while another "
+        "process used the CPU); share of the read: the plain read's time over the path's, its range over the "
+        "repeats in brackets.</sub>")
