@@ -20,7 +20,8 @@ number of a cell that holds several ("0.96 ± 0.05 (0.81, 4.23)": [0] 0.96, [1] 
 value where they agree). `A ÷ B` divides
 (row by row where both give several). A trailing `| .1f` sets the digits (default: the cells'
 own, or 2 for a quotient), `| %` writes a percentage, `| max` (`| min`) keeps the largest
-(smallest) value, and may be followed by one of those.
+(smallest) value, and may be followed by one of those. `text @ D=200` reads the number after
+"D=200" in the prose lines around the tables (a caption's "The target copies: D=200 0.94, ...").
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def parse_tables(markdown: str) -> list[list[list[str]]]:
     if current:
         tables.append(current)
     return tables
+
+
+def prose_tables(markdown: str) -> list[list[list[str]]]:
+    """The `name=value number` pairs of each prose line ("The target copies: D=200 0.94, D=700 0.90")
+    as a one-row table whose row is `text`: `text @ D=200` reads them."""
+    out = []
+    for line in markdown.splitlines():
+        pairs = re.findall(r"(\S+=\S+) (-?\d+\.\d+)", line) if not line.startswith("|") else []
+        if pairs:
+            out.append([["text", *(k for k, _ in pairs)], ["text", *(v for _, v in pairs)]])
+    return out
 
 
 def _numbers(cell: str) -> tuple[list[str], list[str]]:
@@ -157,7 +169,8 @@ def fill(text: str, render: Callable[[str], str], doc: str) -> str:
             raise QuoteError(f"{doc}: quoted number '{m['query']}' names table {name!r}, which no "
                              f"'<!-- table {name} = ... -->' line defines")
         if name not in cache:
-            cache[name] = parse_tables(render(specs[name]))
+            md = render(specs[name])
+            cache[name] = parse_tables(md) + prose_tables(md)
         try:
             value = evaluate(cache[name], m["query"])
         except QuoteError as e:
