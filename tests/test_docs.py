@@ -108,6 +108,8 @@ TABLE = """| ctx | method, kind | tok/s | cells |
 | 4k | spec | 12.50 ± 0.25 | — |
 | 16k | ar | 5.0 ± 0.1 | 0.10 vs 0.20 / 0.30 vs 0.40 |
 | 16k | spec | 7.25 ± 1.00 | — |
+
+The target copies: D=200 0.94, D=700 0.90.
 """
 
 
@@ -115,9 +117,10 @@ TABLE = """| ctx | method, kind | tok/s | cells |
     ("4k,ar @ tok/s", "10.0"), ("spec @ tok/s", "7.25–12.50"), ("!ar @ tok/s | max", "12.50"),
     ("16k+4k,spec @ tok/s[±] | min", "0.25"), ("4k,ar @ cells[3]", "0.48"), ("ar @ cells[*]", "0.10–0.95"),
     ("spec @ tok/s ÷ ar @ tok/s", "1.25–1.45"), ("4k,spec @ tok/s ÷ 4k,ar @ tok/s | %", "125%"),
-    ("16k @ tok/s+cells[0] | .1f", "0.1–7.2"), ("4k @ tok/s | min .0f", "10")])
+    ("16k @ tok/s+cells[0] | .1f", "0.1–7.2"), ("4k @ tok/s | min .0f", "10"), ("text @ D=200+D=700", "0.90–0.94")])
 def test_a_quoted_number_query_reads_rows_columns_and_ranges(query, value):
-    assert docs.rebuild.quoted.evaluate(docs.rebuild.quoted.parse_tables(TABLE), query) == value
+    quoted = docs.rebuild.quoted
+    assert quoted.evaluate(quoted.parse_tables(TABLE) + quoted.prose_tables(TABLE), query) == value
 
 
 @pytest.mark.parametrize("query, message", [("4k,nope @ tok/s", "no row has every one of"),
