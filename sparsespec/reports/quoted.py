@@ -178,8 +178,3 @@ def fill(text: str, render: Callable[[str], str], doc: str) -> str:
         return f"<!-- n {name}: {m['query']} -->{value}<!-- /n -->"
 
     return NUMBER.sub(sub, text)
-
-
-def quoted(text: str) -> list[tuple[str, str, str]]:
-    """(table, query, text) of every quoted number in `text`."""
-    return [(m["name"], m["query"], m["text"]) for m in NUMBER.finditer(text)]
