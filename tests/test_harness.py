@@ -189,6 +189,7 @@ def test_evaluate_method_list_output_contract(env, tmp_path):
     # where the rows were made: the code, the machine and its load, once per process that wrote rows
     [prov] = json.loads((out / "provenance.json").read_text())
     assert prov["rows"] == 6 and len(prov["commit"]) == 40 and prov["cores"] >= 1 and prov["wall_s"] > 0
+    assert f"<sub>Provenance: commit {prov['commit'][:7]}" in md
     # the command that made the results, kept beside them (tables built from them cite it)
     command = (out / "command.txt").read_text().splitlines()
     assert command == ["python evaluate.py " + " ".join(base_overrides(env, out, "'method=[ar,magicdec,sparsespec_l]'",
