@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = dataclasses.replace(plan, hf_compile=args.hf_compile)
     use_hydra = not args.no_hydra and gpu_speed.hydra_available()
     say = logging.getLogger("gpu_check").info
+    from sparsespec.provenance import Provenance
+
+    prov = Provenance.begin()
     report = gpu_speed.measure(plan, use_hydra, say)
+    report["provenance"] = prov.end()  # the commit, versions, CPU and GPU, load and wall time
     js, md = gpu_speed.write(report, args.out)
     print(md.read_text())
     say(f"wrote {js} and {md}")
