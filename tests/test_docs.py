@@ -152,3 +152,14 @@ def test_a_bad_section_is_an_error_naming_it(tmp_path, capsys, spec, message):
     (tmp_path / "README.md").write_text(f"<!-- results: {spec} -->\n<!-- /results -->\n")
     assert docs.main([], root=tmp_path) == 2
     assert message in capsys.readouterr().err
+
+
+def test_figure1_training_table_gives_each_recipe_its_final_validation():
+    from sparsespec.reports.figure1 import training_table
+
+    report = {"training": {"multi": [{"final": {"val/acc_B64": 0.30, "val/acc_full": 0.32, "val/loss": 1.0}},
+                                     {"final": {"val/acc_B64": 0.32, "val/acc_full": 0.34}}],
+                           "full": [{"final": {"val/acc_B64": 0.25, "val/acc_full": 0.33}}], "none": [{"steps": 0}]}}
+    assert training_table(report).splitlines() == [
+        "| recipe | seeds | `val/acc_B64` | `val/acc_full` |", "|---|---|---|---|",
+        "| multi | 2 | 0.310 | 0.330 |", "| full | 1 | 0.250 | 0.330 |"]

@@ -96,6 +96,23 @@ def _k(ctx: int) -> str:
     return f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
 
 
+def training_table(report: dict) -> str:
+    """The training runs' final validation agreement (teacher-forced, `val/acc_*`) per recipe and
+    budget, mean over the recipe's seeds."""
+    runs = {label: [r["final"] for r in rs if r.get("final")] for label, rs in report.get("training", {}).items()}
+    runs = {label: finals for label, finals in runs.items() if finals}
+    if not runs:
+        raise ReportError("this report keeps no training runs' validation")
+    keys = sorted({k for finals in runs.values() for f in finals for k in f if k.startswith("val/acc_")},
+                  key=lambda k: (k == "val/acc_full", int(k.split("_B")[-1]) if "_B" in k else 0))
+    lines = ["| recipe | seeds | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for label, finals in runs.items():
+        cells = [f"{statistics.fmean(f[k] for f in finals if k in f):.3f}" if any(k in f for f in finals) else "—"
+                 for k in keys]
+        lines.append(f"| {label} | {len(finals)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(report: dict, ctx: int | None = None) -> str:
     """The agreement tables, one per scored context (`ctx`: that one alone), and the training runs."""
     only = ctx

@@ -63,6 +63,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "drafter_kv": _of_report(drafter_kv.table),
     "control": _of_report(control.markdown),
     "figure1": _of_report(figure1.markdown),
+    "figure1.training": _of_report(figure1.training_table),
     "controller": _of_report(controller.markdown),
     "sensitivity": _of_report(sensitivity.markdown),
     "soak": _of_report(soak.markdown),
