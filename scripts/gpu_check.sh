@@ -113,7 +113,9 @@ if ((WHEELS)); then
     exit 0
 fi
 [[ -z "$NEW_TOKENS" || "$NEW_TOKENS" =~ ^[0-9]+$ ]] || die "--new-tokens needs a whole number, got '$NEW_TOKENS'"
-[[ -z "$MODELS" || "$MODELS" =~ ^[a-z0-9_,]+$ ]] || die "--models needs a comma-separated list, got '$MODELS'"
+# checked here, before minutes of tests, not when the speed table starts
+[[ -z "$MODELS" || "$MODELS" =~ ^(embedded|llama8b_shape)(,(embedded|llama8b_shape))*$ ]] ||
+    die "--models needs a comma-separated list of embedded, llama8b_shape; got '$MODELS'"
 if [[ -z "$MODELS" && "$MODE" == gpu ]]; then MODELS=llama8b_shape; fi
 
 OUT="${OUT:-$ROOT/outputs/gpu_check}"

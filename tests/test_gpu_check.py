@@ -82,6 +82,8 @@ def test_bad_flag_fails_clearly():
     assert proc.returncode == 2 and "--new-tokens needs a whole number, got 'many'" in proc.stderr
     proc = _run("--models")
     assert proc.returncode == 2 and "--models needs a value" in proc.stderr
+    proc = _run("--models", "llama")
+    assert proc.returncode == 2 and "--models needs a comma-separated list of embedded, llama8b_shape" in proc.stderr
 
 
 def test_models_and_new_tokens_pick_the_plan():
