@@ -139,7 +139,7 @@ def test_attention_mass_of_bf16_queries_and_keys_is_the_float32_one(monkeypatch)
     from sparsespec.kernels import cpu_attention
     from sparsespec.kv import capture
 
-    monkeypatch.setattr(cpu_attention, "applies", lambda q, k: False)
+    monkeypatch.setattr(cpu_attention, "applies", lambda *args, **kwargs: False)
     monkeypatch.setattr(capture, "KEY_CHUNK", 64)  # the chunked upcast, as for a long cache
     g = torch.Generator().manual_seed(0)
     hq, hkv, c, total, d = 8, 2, 5, 300, 64
