@@ -46,7 +46,7 @@ PLANS = {
     "gpu": dict(shape=LLAMA_8B, ctxs=(32768, 131072), dtype="bfloat16", copy_gib=2.0, gemv=(4096, 14336),
                 repeats=10, attend_keys=4096, attend_heads=(32, 8, 128), event_steps=200),
     "cpu": dict(shape=TINY, ctxs=(256, 512), dtype="float32", copy_gib=1 / 64, gemv=(1024, 3584),
-                repeats=3, attend_keys=256, attend_heads=(8, 2, 64), event_steps=20),
+                repeats=1, attend_keys=256, attend_heads=(8, 2, 64), event_steps=10),
 }
 ROWS = (1, 5, 21, 1024)
 
