@@ -313,3 +313,30 @@ def test_cuda_flash_attn_where_installed_aligns_the_verification_block_to_the_en
     kr, vr = k.float().repeat_interleave(4, 0), v.float().repeat_interleave(4, 0)
     s = (q.float() @ kr.transpose(1, 2) * 128**-0.5).masked_fill(~causal_block_mask(5, 2000, DEVICE), float("-inf"))
     torch.testing.assert_close(out.float(), torch.softmax(s, -1) @ vr, rtol=2e-2, atol=2e-2)
+
+
+def test_flash_attn_that_fails_on_its_first_call_is_said_once_and_pytorch_serves(stand_in, caplog, monkeypatch):
+    """A build that imports but cannot run on this GPU: the first call fails, PyTorch's path answers
+    it and every later one, with one logged line."""
+    from sparsespec.kernels import cpu_attention
+    from sparsespec.models import attention
+
+    monkeypatch.setattr(cpu_attention, "applies", lambda *args, **kwargs: False)  # the path a GPU takes
+    stand_in("__version__ = '2.6.3'\ncalls = []\ndef flash_attn_func(*a, **k):\n    calls.append(1)\n"
+             "    raise RuntimeError('FlashAttention only supports Ampere GPUs or newer.')\n")
+    monkeypatch.setattr(attention, "_flash_attn_failed", [])
+    real = attention.flash_attn_applies
+    # the CPU tensors below stand in for CUDA ones: only the device check is bypassed
+    monkeypatch.setattr(attention, "flash_attn_applies",
+                        lambda device, dtype: real(torch.device("cuda"), torch.bfloat16))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(4, 3, 16, generator=g), torch.randn(2, 40, 16, generator=g), torch.randn(2, 40, 16, generator=g)
+    want, _ = attention._attend_reference(q, k, v, 0.25, None)
+    for _ in range(3):
+        out, _ = attention.attend(q, k, v, 0.25)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    import flash_attn
+
+    assert len(flash_attn.calls) == 1
+    lines = _flash_lines(caplog)
+    assert len(lines) == 1 and "Ampere" in lines[0] and "PyTorch's attention" in lines[0]

@@ -111,9 +111,21 @@ def _fused_cuda_efficient(q, k, v, scale, causal):
     return out, lse[..., : q.shape[-2]]
 
 
+_flash_attn_failed: list[str] = []  # why flash-attn's first call failed, once it has
+
+
 def flash_attn_applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `attend` hands the default visibility to flash-attn (installed, CUDA, fp16/bf16)."""
-    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_attn_func() is not None
+    return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and not _flash_attn_failed
+            and flash_attn_func() is not None)
+
+
+def _flash_attn_call_failed(e: RuntimeError) -> None:
+    # a build that imports but cannot run here (a GPU older than it supports, kernels compiled for
+    # another architecture) fails on its first call: said once, then PyTorch's kernels serve
+    _flash_attn_failed.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    log.warning("flash-attn failed on its first call here (%s); PyTorch's attention kernels run instead",
+                _flash_attn_failed[0])
 
 
 def fused_kernel(q: torch.Tensor) -> Fused | None:
@@ -149,8 +161,14 @@ def attend(
             out, lse = cpu_attention.few_rows_attention(q, k, v, scale)
             return out, (lse[:, q.shape[1] - c :] if c else None)
         if flash_attn_applies(q.device, q.dtype):
-            out, lse = _attend_flash_attn(q, k, v, scale)
-            return out, (lse[:, q.shape[1] - c :] if c else None)
+            try:
+                out, lse = _attend_flash_attn(q, k, v, scale)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as e:
+                _flash_attn_call_failed(e)
+            else:
+                return out, (lse[:, q.shape[1] - c :] if c else None)
         kernel = fused_kernel(q)
         if kernel is not None:
             out, lse = _attend_split(q, k, v, scale, kernel, split_keys=q.device.type == "cpu")
