@@ -17,6 +17,7 @@ so by default YaRN is applied and logged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -319,7 +320,7 @@ def _own_weights(model: torch.nn.Module, directory: Path) -> int:
     Why: on the CPU transformers leaves each parameter a view into the mapped safetensors file. The
     runner then fuses q/k/v and gate/up into new tensors, reading those views, so the file's pages
     stay resident beside the fused copies for as long as any parameter (the embeddings) still holds
-    the mapping: about 1.8x the weights for SmolLM2. Read with `pread` into owned memory instead,
+    the mapping: about 1.6x the weights for SmolLM2. Read with `pread` into owned memory instead,
     the file's pages are never mapped, and the projections the runner fuses are read side by side
     into one tensor per layer (FUSED_PROJECTIONS), so fusing them copies nothing.
     """
@@ -329,13 +330,19 @@ def _own_weights(model: torch.nn.Module, directory: Path) -> int:
         return 0
     params = dict(model.named_parameters(remove_duplicate=False))
     groups = _fused_groups(model, params)
-    files = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        try:
-            f = safe_open(str(file), framework="pt", backend="pread")
-        except TypeError:  # a safetensors without the pread backend: keep the mapped views
-            return 0
-        files.update({name: f for name in f.keys()})
+    with contextlib.ExitStack() as opened:
+        files = {}
+        for file in sorted(directory.glob("*.safetensors")):
+            try:
+                f = opened.enter_context(safe_open(str(file), framework="pt", backend="pread"))
+            except TypeError:  # a safetensors without the pread backend: keep the mapped views
+                return 0
+            files.update({name: f for name in f.keys()})
+        return _read_owned(params, groups, files)
+
+
+def _read_owned(params: dict[str, torch.nn.Parameter], groups: list[list[str]], files: dict[str, Any]) -> int:
+    """`_own_weights` with the checkpoint's files open: `files` maps a tensor name to its file."""
 
     def readable(name: str) -> bool:
         p, f = params.get(name), files.get(name)
