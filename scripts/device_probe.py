@@ -29,7 +29,11 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparsespec.kv.cache import KVCache
+    from sparsespec.models.runner import CausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -131,7 +135,7 @@ def _kernels(device: torch.device, call: Callable[[], Any]) -> int:
     return sum(1 for e in events if e.name.startswith("aten::"))
 
 
-def context(target, cache, ctx: int, plan: dict, timer: Timer) -> dict:
+def context(target: CausalLM, cache: KVCache, ctx: int, plan: dict, timer: Timer) -> dict:
     """Every step of a round at ctx tokens of cache (the cache's first ctx entries are random)."""
     from sparsespec.decoding.drafters import DecodeState
     from sparsespec.kv.recall import RecallIndex
@@ -182,7 +186,7 @@ def context(target, cache, ctx: int, plan: dict, timer: Timer) -> dict:
     return out
 
 
-def event_reads(target, cache, ctx: int, steps: int) -> dict:
+def event_reads(target: CausalLM, cache: KVCache, ctx: int, steps: int) -> dict:
     """Rounds marked as the engine marks them (an event after the host read), and how many of
     those events were still incomplete when read."""
     from sparsespec.clock import DeviceClock
