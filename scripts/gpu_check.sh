@@ -155,8 +155,16 @@ if ((${#MISSING[@]})) && compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
     SITE="$(mktemp -d)"
     trap 'rm -rf "$SITE"' EXIT
     say "installing ${MISSING[*]} from $ROOT/.whl into $SITE (offline)"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --find-links "$ROOT/.whl" \
-        --target "$SITE" "${MISSING[@]}" 2>&1 | tee -a "$LOG" || true
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --find-links "$ROOT/.whl" \
+            --target "$SITE" "${MISSING[@]}" 2>&1 | tee -a "$LOG" || true
+    else # no pip there: these wheels are pure Python, so unpacking one is installing it
+        for name in "${MISSING[@]}"; do
+            for wheel in "$ROOT/.whl/${name//-/_}"-[0-9]*.whl; do
+                [[ -f "$wheel" ]] && "$PYTHON" -m zipfile -e "$wheel" "$SITE"
+            done
+        done
+    fi
     export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 if ! has pytest; then
