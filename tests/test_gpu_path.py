@@ -340,3 +340,19 @@ def test_flash_attn_that_fails_on_its_first_call_is_said_once_and_pytorch_serves
     assert len(flash_attn.calls) == 1
     lines = _flash_lines(caplog)
     assert len(lines) == 1 and "Ampere" in lines[0] and "PyTorch's attention" in lines[0]
+
+
+@cuda_only
+def test_cuda_model_fingerprint_and_teacher_targets_match_the_host():
+    """The teacher's cache key and targets of a model on the GPU are the host's (in float32)."""
+    from conftest import tiny_hf
+
+    from sparsespec.training.teacher import Teacher, model_fingerprint
+
+    on_gpu = tiny_hf()
+    on_host = tiny_hf().cpu()
+    assert model_fingerprint(on_gpu) == model_fingerprint(on_host)
+    ids = torch.randint(on_host.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    got, want = Teacher(on_gpu, "float32", topk=4)(ids), Teacher(on_host, "float32", topk=4)(ids)
+    assert torch.equal(got["targets"], want["targets"])
+    torch.testing.assert_close(got["topk_logp"], want["topk_logp"], rtol=1e-4, atol=1e-4)
