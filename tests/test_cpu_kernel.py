@@ -206,3 +206,17 @@ def test_a_calibration_times_the_kernel_and_the_pytorch_path_on_the_same_tensors
     assert kernel_ms > 0 and pytorch_ms > 0
     layers = -(-(1 << 20) // (2 * 2 * 256 * 32 * 4))  # K and V of 2 heads x 256 keys x 32 floats a layer
     assert seen[0] == ((8, 5, 32), (2, 256, 32), 32 ** -0.5) and len(seen) == 4 * layers  # warm-up + 3 timed passes
+
+
+def test_a_calibration_runs_in_the_cache_dtype(monkeypatch):
+    """A bfloat16 model attends with bfloat16 queries: the PyTorch path is timed with them."""
+    if not cpu_attention.available():
+        pytest.skip("no kernel build here")
+    monkeypatch.setattr(cpu_attention, "CALIBRATION_KEYS", 256)
+    monkeypatch.setattr(cpu_attention, "CALIBRATION_BYTES", 1 << 18)
+    from sparsespec.kv.capture import _pytorch_mass
+    from sparsespec.models.attention import _pytorch_few_rows
+
+    for op, path in (("attention", _pytorch_few_rows), ("mass", _pytorch_mass)):
+        kernel_ms, pytorch_ms = cpu_attention.calibrate(op, 3, 5, 64, torch.bfloat16, path)
+        assert kernel_ms > 0 and pytorch_ms > 0

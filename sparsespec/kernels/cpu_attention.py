@@ -196,7 +196,7 @@ def calibrate(op: str, group: int, n: int, d: int, dtype: torch.dtype, pytorch: 
     layers = max(2, -(-CALIBRATION_BYTES // layer_bytes))
     gen = torch.Generator().manual_seed(0)
     ks = [torch.randn(CALIBRATION_HEADS, CALIBRATION_KEYS, d, generator=gen).to(dtype) for _ in range(layers)]
-    q = torch.randn(CALIBRATION_HEADS * group, n, d, generator=gen)
+    q = torch.randn(CALIBRATION_HEADS * group, n, d, generator=gen).to(dtype)  # as a model of that dtype attends
     scale = d ** -0.5
     if op == "attention":
         vs = [torch.randn_like(k) for k in ks]
