@@ -37,6 +37,11 @@ def smollm2():
     ("sparsespec_l", ["method.drafter.policy.ratio=0.05", "method.drafter.policy.refresh_every=4", "method.controller.candidates=[1,2,3]"]),
     ("snapkv_self", ["method.drafter.policy.ratio=0.05"]),
     ("lookup", []),
+    # the draft pass through a copy of the weights in a low-bit format
+    ("magicdec_q", ["method.drafter.policy.budget=64"]),
+    ("sparsespec_l_q", ["method.drafter.policy.ratio=0.05"]),
+    ("sparsespec_l", ["method.drafter.policy.ratio=0.05", "method.drafter.weights=int8"]),
+    ("snapkv_self", ["method.drafter.policy.ratio=0.05", "method.drafter.weights=bf16"]),
 ])
 def test_shipped_methods_are_exact_on_smollm2(smollm2, name, over):
     lm, prompt, ar = smollm2

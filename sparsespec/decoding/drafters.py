@@ -25,6 +25,7 @@ from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
+from sparsespec.models import quantized
 from sparsespec.models.device import to_device_ids
 from sparsespec.models.runner import Block, CausalLM
 
@@ -132,6 +133,10 @@ class Drafter:
         """What every verification pass should report (None: nothing)."""
         return None
 
+    def prepare(self, target: CausalLM) -> None:
+        """Once the target is known, before any generation (a quantized copy of its weights is made
+        here). Raises ValueError naming the setting when the target cannot run it."""
+
     def start(self, state: DecodeState) -> None:
         """After the target's prefill, before the first round."""
 
@@ -161,18 +166,57 @@ class Drafter:
         return 0
 
 
+def check_weight_format(weights: str, head_weights: str | None, weights_group: int) -> None:
+    """The draft weight settings' values, before any model is known (ValueError: `key=value: why`)."""
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    for key, fmt in (("weights", weights), ("head_weights", head_weights)):
+        if fmt is not None and fmt not in quantized.WEIGHT_FORMATS:
+            raise ValueError(f"{key}={fmt!r}: not a draft weight format; the formats that work here ({here}): "
+                             f"{', '.join(quantized.working_formats(here))}")
+    if isinstance(weights_group, bool) or not isinstance(weights_group, int) or weights_group < 1:
+        raise ValueError(f"weights_group={weights_group!r}: a positive number of weights per int4 group")
+
+
 @dataclass
 class SelfDrafter(Drafter):
-    """Self-speculation: the target model drafts with attention restricted to a KV policy."""
+    """Self-speculation: the target model drafts with attention restricted to a KV policy.
+
+    weights: the format of the weights the draft pass reads (models/quantized.py: fp, bf16, int8,
+    int4); head_weights: the lm_head's (None: as weights); weights_group: int4's group size. The
+    verification pass always runs the unmodified target."""
 
     policy: KVPolicy = field(default_factory=FullKV)
+    weights: str = "fp"
+    head_weights: str | None = None
+    weights_group: int = 32
     _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
+    _weight_bytes: int = field(default=0, repr=False)  # what a draft step reads of the weights
+    _view_bytes: list[int] = field(default_factory=lambda: [0, 0], repr=False)  # K/V read by the rounds, rounds
+    _labels: tuple[str, str] = field(default=("", ""), repr=False)  # (weights, KV) as rows report them
+
+    def __post_init__(self) -> None:
+        check_weight_format(self.weights, self.head_weights, self.weights_group)
+
+    def draft_model(self, target: CausalLM) -> CausalLM:
+        """The model the draft pass runs: the target, or its copy in this drafter's weight formats."""
+        return quantized.draft_model(target, self.weights, self.head_weights, self.weights_group)
+
+    def prepare(self, target: CausalLM) -> None:
+        self.draft_model(target)
 
     def prefill_capture(self) -> Capture | None:
         return self.policy.prefill_capture()
 
     def start(self, state: DecodeState) -> None:
         self.policy.start(state)
+        target = state.target
+        head = self.weights if self.head_weights is None else self.head_weights
+        self._weight_bytes = quantized.linear_bytes(target, self.weights, head, self.weights_group)
+        self._view_bytes = [0, 0]
+        weights = quantized.format_label(self.weights, target.dtype, self.weights_group)
+        if head != self.weights:
+            weights += f", lm_head {quantized.format_label(head, target.dtype, self.weights_group)}"
+        self._labels = (weights, quantized.format_label("fp", state.cache.dtype, 0))
 
     def verify_capture(self) -> Capture | None:
         return self.policy.verify_capture()
@@ -181,22 +225,29 @@ class SelfDrafter(Drafter):
         self.policy.update(state, n_accepted)
 
     def report(self) -> dict:
-        return self.policy.report()
+        read, rounds = self._view_bytes
+        return {**self.policy.report(), "draft_weights": self._labels[0], "draft_kv": self._labels[1],
+                "draft_step_bytes": self._weight_bytes + (read // rounds if rounds else 0)}
 
     def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
-        round_, self._compact = selected_steps(state, self.policy, kmax, self._compact)
+        round_, self._compact = selected_steps(state, self.policy, kmax, self._compact,
+                                               self.draft_model(state.target))
+        view = self._compact if self._compact is not None and round_.finish is None else state.cache
+        self._view_bytes[0] += 2 * len(view.k) * view.n_kv_heads * view.head_dim * view.k[0].element_size() * view.length
+        self._view_bytes[1] += 1
         return round_
 
 
-def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVCache | None
-                   ) -> tuple[DraftSteps, KVCache | None]:
-    """A round drafted by `state.target` from the positions `policy` selects in `state.cache` (which
-    holds every token but the pending one), and the compact cache it gathered them into (reused next
-    round). Full view: the round drafts straight into the cache and rolls back."""
-    model, length = state.target, state.cache.length
+def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVCache | None,
+                   model: CausalLM | None = None) -> tuple[DraftSteps, KVCache | None]:
+    """A round drafted by `model` (default `state.target`; a copy of it in a draft weight format)
+    from the positions `policy` selects in `state.cache` (which holds every token but the pending
+    one), and the compact cache it gathered them into (reused next round). Full view: the round
+    drafts straight into the cache and rolls back."""
+    model, length = model or state.target, state.cache.length
     idx = policy.select(state)
     if idx is None:
         cache = state.cache

@@ -290,6 +290,12 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
         check_memory(target, ctx + max_new, methods, drafter_model, cfg.runtime.prefill_chunk,
                      EvaluationError, new_tokens=max_new, batch_size=batch_size)
 
+    for method in methods:  # what needs the model: a draft weight format its device cannot run, ...
+        try:
+            method.build(target, drafter_model, int(cfg.runtime.prefill_chunk))
+        except MethodConfigError as e:
+            raise EvaluationError(str(e)) from None
+
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(out_dir / SHARED_LOCK):  # shards share these files: command.txt is read, then rewritten
@@ -471,6 +477,10 @@ def _row(method, sample, runs, engine, sampling, cfg) -> dict:
         "budget_tokens": min(policy.budget_for(res.prompt_tokens), res.prompt_tokens) if sparse else None,
         # a drafter model's most KV entries per layer at once (its own cache: a window under a sparse view)
         "drafter_kv_tokens": res.extra.get("drafter_kv_tokens"),
+        # the formats a draft step read its weights and its K/V in, and the bytes it read of both
+        "draft_weights": res.extra.get("draft_weights"),
+        "draft_kv": res.extra.get("draft_kv"),
+        "draft_step_bytes": res.extra.get("draft_step_bytes"),
     }
     if method.speculative and res.rounds:
         k_mean = res.drafted / len(res.rounds)

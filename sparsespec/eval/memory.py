@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from sparsespec.models.attention import SMALL_QUERY_BLOCK, flash_attn_applies, fused_kernel
+from sparsespec.models.quantized import copy_bytes
 from sparsespec.models.runner import CausalLM
 
 GiB = 1024**3
@@ -283,6 +284,11 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
                   "decode", False, _logits_largest(target, kmax + 1))]
     if drafter is None:
         return parts
+    if getattr(drafter, "weights", "fp") != "fp" or getattr(drafter, "head_weights", None) not in (None, "fp"):
+        # the draft's copy of the linear layers in a low-bit format, made once and shared by the batch
+        own = drafter_model if drafter.needs_model and drafter_model is not None else target
+        parts.append(Part("draft weights copy", copy_bytes(own, drafter.weights, drafter.head_weights,
+                                                           drafter.weights_group), "prefill", True, per_sequence=False))
     policy = getattr(drafter, "policy", None)
     model = drafter_model if drafter.needs_model and drafter_model is not None else target
     own = drafter.memory_bytes(model.n_layers, model.n_kv_heads, tokens)

@@ -117,6 +117,11 @@ class Method:
             drafter = self._build("drafter", Drafter, model=drafter_model, prefill_chunk=prefill_chunk)
         else:
             drafter = None if self.drafter is None else self._build("drafter", Drafter)
+        if drafter is not None and target is not None:
+            try:  # what the target's device and shapes allow (a draft weight format's kernel)
+                drafter.prepare(target)
+            except ValueError as e:
+                raise MethodConfigError(f"method {self.name}: method.drafter.{e}") from None
         controller = FixedK() if self.controller is None else self._build("controller", Controller)
         try:
             lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None

@@ -217,19 +217,27 @@ class CausalLM:
         out = matmul_fp32(h, w.t(), "the lm_head's float32 logits")
         return out if b is None else out + b.float()
 
+    def _linear(self, name: str, i: int, x: torch.Tensor) -> torch.Tensor:
+        """x through layer i's projection `name` ("qkv", "o", "gate_up" or "down"). The one place a
+        projection's weights are read, so a draft copy with its weights in another format
+        (models/quantized.py) overrides only this."""
+        if name == "qkv":
+            return linear(x, *self._qkv[i])
+        if name == "gate_up":
+            return linear(x, self._gate_up[i])
+        m = self.layers[i].self_attn.o_proj if name == "o" else self.layers[i].mlp.down_proj
+        return linear(x, m.weight, m.bias)
+
     def _mlp(self, layer, i, h):
-        w = self._gate_up[i]
-        if w is None:
+        if self._gate_up[i] is None:
             return layer.mlp(h)
-        gate, up = linear(h, w).chunk(2, dim=-1)
-        down = layer.mlp.down_proj
-        return linear(layer.mlp.act_fn(gate) * up, down.weight, down.bias)
+        gate, up = self._linear("gate_up", i, h).chunk(2, dim=-1)
+        return self._linear("down", i, layer.mlp.act_fn(gate) * up)
 
     def _attention(self, layer, i, h, cos, sin, blocks, ns):
         attn = layer.self_attn
         rows, hq, hkv = h.shape[0], self.n_heads, self.n_kv_heads
-        w, b = self._qkv[i]
-        qkv = linear(h, w, b).view(rows, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, rows, D]
+        qkv = self._linear("qkv", i, h).view(rows, -1, self.head_dim).transpose(0, 1)  # [Hq + 2 Hkv, rows, D]
         if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
             q = attn.q_norm(qkv[:hq].transpose(0, 1)).transpose(0, 1)
             k = attn.k_norm(qkv[hq : hq + hkv].transpose(0, 1)).transpose(0, 1)
@@ -249,7 +257,7 @@ class CausalLM:
                 capture.observe(i, q[:, part][:, n - lse.shape[1] :], lse)
             outs.append(out)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # [Hq, rows, D]
-        return linear(out.transpose(0, 1).reshape(rows, -1), attn.o_proj.weight, attn.o_proj.bias)
+        return self._linear("o", i, out.transpose(0, 1).reshape(rows, -1))
 
     def prefill(
         self,
