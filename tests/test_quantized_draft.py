@@ -216,3 +216,16 @@ def test_evaluate_refuses_a_format_the_model_cannot_take_before_writing_anything
         run_evaluation(cfg)
     assert "method.drafter.weights_group=128" in str(e.value) and "groups that work" in str(e.value)
     assert not out.exists()
+
+
+def test_the_summary_row_says_what_the_draft_read():
+    from sparsespec.eval.summary import summarize, to_markdown
+
+    base = {"dataset": "pg19", "task": None, "ctx": 16384, "sample_id": "a", "tokens_per_s": 1.0}
+    rows = [{**base, "method": "ar"},
+            {**base, "method": "sparsespec_l_q", "draft_weights": "int4-g32", "draft_kv": "fp32",
+             "draft_step_bytes": 96e6}]
+    table = to_markdown(summarize(rows))
+    assert "draft step read" in table.splitlines()[0]
+    assert table.splitlines()[3].endswith("| int4-g32 weights, fp32 K/V: 96 MB |")
+    assert table.splitlines()[2].endswith("| — |")  # ar drafts nothing

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 METRICS = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
            "predicted_speedup", "prefill_s", "wall_s", "score", "exact_match_ar", "budget_tokens", "prompt_tokens",
-           "new_tokens", "aggregate_tokens_per_s", "aggregate_speedup")
+           "new_tokens", "aggregate_tokens_per_s", "aggregate_speedup", "draft_step_bytes")
 PLOTS = ("speedup_vs_ctx.png", "acceptance_vs_ctx.png", "acceptance_vs_budget.png", "accepted_hist.png")
 _NOT_VARIANT = ("name", "_target_")
 
@@ -98,8 +98,21 @@ def summarize(rows: list[dict]) -> list[dict]:
                  "batch_size": b, "n": len(rs)}
         for m in METRICS:
             entry[m] = _stats([r.get(m) for r in rs])
+        entry["draft_reads"] = draft_reads(rs, entry["draft_step_bytes"])
         out.append(entry)
     return out
+
+
+def draft_reads(rows: list[dict], step_bytes: dict | None) -> str | None:
+    """What a draft step read, in words: its weights' and its K/V's formats and their bytes
+    ("int4-g32 weights, fp32 K/V: 96 MB"); None for rows with no self-draft (or written before
+    rows said it)."""
+    weights = next((r["draft_weights"] for r in rows if r.get("draft_weights")), None)
+    if weights is None:
+        return None
+    kv = next((r["draft_kv"] for r in rows if r.get("draft_kv")), "?")
+    size = f": {step_bytes['mean'] / 1e6:.0f} MB" if step_bytes else ""
+    return f"{weights} weights, {kv} K/V{size}"
 
 
 def _fmt(s: dict | None, digits: int = 2) -> str:
@@ -112,10 +125,11 @@ def to_markdown(summary: list[dict]) -> str:
     """The summary table; with batched rows, the batch size and the batch's aggregate throughput
     against batched ar's at the same batch size as well."""
     batched = any(e.get("batch_size", 1) > 1 for e in summary)
+    reads = any(e.get("draft_reads") for e in summary)  # a draft in a low-bit format says what it read
     extra = ("| B | aggregate tokens/s | aggregate vs ar ", "|---|---|---") if batched else ("", "")
     head = (f"| method | dataset | ctx {extra[0]}| n | tokens/s | speedup vs ar | α (acceptance) | τ (tokens/round) "
-            "| γ | k | predicted S | identical to ar | score |\n"
-            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|\n")
+            f"| γ | k | predicted S | identical to ar | score |{' draft step read |' if reads else ''}\n"
+            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|{'---|' if reads else ''}\n")
     lines = []
     for e in summary:
         cols = (f"| {e.get('batch_size', 1)} | {_fmt(e.get('aggregate_tokens_per_s'))} | "
@@ -126,6 +140,7 @@ def to_markdown(summary: list[dict]) -> str:
             f"| {_fmt(e['speedup'])} | {_fmt(e['acceptance_rate'])} | {_fmt(e['mean_accepted_tokens'])} "
             f"| {_fmt(e['gamma'], 3)} | {_fmt(e['k_mean'], 1)} | {_fmt(e['predicted_speedup'])} "
             f"| {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
+            + (f" {e.get('draft_reads') or '—'} |" if reads else "")
         )
     return head + "\n".join(lines) + "\n"
 
