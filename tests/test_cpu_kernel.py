@@ -220,3 +220,25 @@ def test_a_calibration_runs_in_the_cache_dtype(monkeypatch):
     for op, path in (("attention", _pytorch_few_rows), ("mass", _pytorch_mass)):
         kernel_ms, pytorch_ms = cpu_attention.calibrate(op, 3, 5, 64, torch.bfloat16, path)
         assert kernel_ms > 0 and pytorch_ms > 0
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_a_new_token_attends_the_same_in_a_block_as_alone(build):
+    """Bit for bit: token i of a block of n new tokens against the block attending alone over the
+    keys it sees (output, log-sum-exp and the index's mass), whatever the row count."""
+    if not cpu_attention.available(build):
+        pytest.skip("no kernel build here")
+    for hq, hkv, d in ((9, 3, 64), (4, 2, 16), (14, 2, 64)):
+        for total in (17, 515, 1030):
+            for n in (2, 5, 17):
+                q, k, v = _case(hq, hkv, n, total, d, torch.float32, seed=n + total)
+                out, lse = cpu_attention.few_rows_attention(q, k, v, 0.125, build)
+                mass = cpu_attention.attention_mass(q, lse, k, 0.125, build)
+                for i in range(n):
+                    seen = total - n + i + 1
+                    one, one_lse = cpu_attention.few_rows_attention(q[:, i : i + 1], k[:, :seen], v[:, :seen], 0.125,
+                                                                    build)
+                    assert torch.equal(one[:, 0], out[:, i]) and torch.equal(one_lse[:, 0], lse[:, i]), (d, total, n, i)
+                    one_mass = cpu_attention.attention_mass(q[:, i : i + 1], lse[:, i : i + 1], k[:, :seen], 0.125,
+                                                            build)
+                    assert torch.equal(one_mass[:, 0], mass[:, i, :seen])

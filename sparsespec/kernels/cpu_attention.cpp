@@ -8,6 +8,12 @@
 // Rows are ordered (group g, new token i) -> g * n + i. New token i (of n, the last n positions of
 // the keys) sees keys [0, T - n + i]: the causal block at the end of the cache.
 //
+// Batch invariance. A row's output and log-sum-exp do not depend on the rows computed with it: the
+// keys are cut into blocks of kBlock from the first key whatever the row count, each score is
+// computed one way (scores_group), and each row's softmax, weighted sum and merge over the blocks
+// run in a fixed order, adding exact zeros for keys it cannot see. New token i of a block of n
+// therefore gets, bit for bit, what a one-token step over the first T - n + i + 1 keys gets.
+//
 // Vector width. All vector code is written for W floats, the processor's own register width: 16
 // with AVX-512, 8 with AVX2 (and other targets). An earlier version fixed the width at 16 floats;
 // built for AVX2 each such value is a pair of registers, its 16-lane shuffles (the reductions and
@@ -81,34 +87,12 @@ inline vf exp_nonpositive(vf x) {
   return p * reinterpret_cast<const vf&>(bits);
 }
 
-// Shuffle masks over the 2W lanes of a pair (x, y), built at compile time for the target's W.
-// interleave<h>: the pair's blocks of h lanes, x's first (the rounds of a transpose);
-// halves<s>: the lanes whose index mod 2s is below s (lo) or not (hi), x's then y's (the rounds of
-// a transposed sum).
-template <int H, bool Hi, size_t... L>
-constexpr vi interleave_mask(std::index_sequence<L...>) {
-  return vi{static_cast<int>((L % (2 * H)) < H ? (Hi ? L + H : L) : (Hi ? W + L : W + L - H))...};
-}
+// Shuffle masks over the 2W lanes of a pair (x, y), built at compile time for the target's W:
+// the lanes whose index mod 2s is below s (lo) or not (hi), x's then y's (the rounds of a
+// transposed sum).
 template <int S, bool Hi, size_t... K>
 constexpr vi halves_mask(std::index_sequence<K...>) {
   return vi{static_cast<int>((K < W / 2 ? 0 : W) + ((K % (W / 2)) / S) * 2 * S + (K % (W / 2)) % S + (Hi ? S : 0))...};
-}
-
-// Transpose W vectors in place (a[i][j] <- a[j][i]): log2(W) rounds that swap the off-diagonal
-// blocks of size W/2, ..., 1, two shuffles a pair of vectors each.
-template <int H = W / 2>
-inline void transpose(vf* a) {
-  if constexpr (H >= 1) {
-    constexpr vi lo = interleave_mask<H, false>(std::make_index_sequence<W>{});
-    constexpr vi hi = interleave_mask<H, true>(std::make_index_sequence<W>{});
-    for (int i = 0; i < W; ++i) {
-      if (i & H) continue;
-      const vf x = a[i], y = a[i + H];
-      a[i] = __builtin_shuffle(x, y, lo);
-      a[i + H] = __builtin_shuffle(x, y, hi);
-    }
-    transpose<H / 2>(a);
-  }
 }
 
 // The lane sums of 2S vectors, S = W/2 at the top (lane j of the result = the sum of a[j]): each
@@ -152,15 +136,17 @@ inline void prefetch_row(const float* p, int64_t d) {
   for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(p + i, 0, 2);
 }
 
-// Scores of rows against W keys, two ways, both into s[r * kBlock + jj]:
-// - few rows: per row, W dot products (C FMAs each) summed across lanes together;
-// - a tile of W rows (zero-padded): the rows in the lanes, qt = the tile's queries as [d][W], one
-//   FMA per dimension and key with the key's element broadcast, then one transpose of the W x W
-//   result. No reductions: it pays from about W / 2 rows.
-// On the first row (or tile) the next W keys are prefetched, and (`ahead`) these keys' values.
+// Scores of rows against W keys into s[r * kBlock + jj]: per row, W dot products (C FMAs each,
+// W independent FMA chains: one chain per key would wait on each FMA's latency) summed across
+// lanes together by a fixed tree. Every score is computed this one way, whatever the number of rows
+// and wherever the key sits in its block (a last group of fewer than W keys is padded with zeros):
+// a row's attention does not depend on the rows computed with it, so a verification block's rows
+// equal, bit for bit, one-token steps' (rows in the vector lanes, one FMA per dimension and key,
+// would cost fewer operations from about W / 2 rows, but sum each score in another order).
+// On the first group the next W keys are prefetched, and (`ahead`) these keys' values.
 template <int C>
-inline void scores_few(const float* q, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
-                       const float* ahead, int64_t as) {
+__attribute__((always_inline)) inline void scores_group(const float* q, int64_t rows, const float* k, int64_t ks, float* s, const float* ahead,
+                         int64_t as, bool prefetch) {
   constexpr int64_t d = C * W;
   if (prefetch) {
     for (int jj = 0; jj < W; ++jj) {
@@ -170,8 +156,6 @@ inline void scores_few(const float* q, int64_t rows, const float* k, int64_t ks,
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float* qr = q + r * d;
-    // the W keys' products chunk by chunk: W independent FMA chains (one chain per key would
-    // wait on each FMA's latency)
     vf acc[W] = {};
     for (int c = 0; c < C; ++c) {
       const vf qc = load(qr + W * c);
@@ -181,71 +165,32 @@ inline void scores_few(const float* q, int64_t rows, const float* k, int64_t ks,
   }
 }
 
+// s[r * kBlock + j] = q_r . k_j for `rows` rows (q already scaled) and `width` keys, head size
+// C * W. `ahead` (may be null): rows of stride `as` to prefetch alongside, one per key (the same
+// keys' values), so that memory keeps streaming while the scores are computed.
 template <int C>
-inline void scores_tile(const float* qt, int64_t rows, const float* k, int64_t ks, float* s, bool prefetch,
-                        const float* ahead, int64_t as) {
-  constexpr int64_t d = C * W;
-  constexpr int64_t lines = d / 16;  // cache lines in a key's row
-  vf acc[W] = {};
-  for (int64_t i = 0; i < d; ++i) {
-    // spread among the products, one line a dimension: the next W keys, and these keys' values
-    if (prefetch && i < W * lines) {
-      __builtin_prefetch(k + (W + i / lines) * ks + 16 * (i % lines), 0, 2);
-      if (ahead != nullptr) __builtin_prefetch(ahead + (i / lines) * as + 16 * (i % lines), 0, 2);
-    }
-    const vf qi = load(qt + W * i);
-    for (int jj = 0; jj < W; ++jj) acc[jj] += qi * k[jj * ks + i];
-  }
-  transpose(acc);  // acc[r] = row r's scores of the W keys
-  for (int64_t r = 0; r < rows; ++r) store(s + r * kBlock, acc[r]);
-}
-
-constexpr int64_t kTileFrom = W / 2;  // rows in a W-row tile from which the tile path is taken
-
-// s[r * kBlock + j] = q_r . k_j for `rows` rows (q already scaled; qt: the same queries in tiles of
-// W as [d][W]) and `width` keys, head size C * W. `ahead` (may be null): rows of stride `as` to
-// prefetch alongside, one per key (the same keys' values), so that memory keeps streaming while
-// the scores are computed.
-template <int C>
-void scores(const float* q, const float* qt, int64_t rows, const float* k, int64_t ks, int64_t width, float* s,
+void scores(const float* q, int64_t rows, const float* k, int64_t ks, int64_t width, float* s,
             const float* ahead = nullptr, int64_t as = 0) {
   constexpr int64_t d = C * W;
-  int64_t j = 0;
-  for (; j + W <= width; j += W) {
-    const float* next = ahead != nullptr ? ahead + j * as : nullptr;
-    for (int64_t r0 = 0; r0 < rows; r0 += W) {
-      const int64_t n = std::min<int64_t>(W, rows - r0);
-      if (n >= kTileFrom) {
-        scores_tile<C>(qt + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
-      } else {
-        scores_few<C>(q + r0 * d, n, k + j * ks, ks, s + r0 * kBlock + j, r0 == 0, next, as);
-      }
+  float padded[W * d];  // the last keys, zero-padded to a group (a block's rows of s have room for it)
+  for (int64_t j = 0; j < width; j += W) {
+    const float* group = k + j * ks;
+    int64_t stride = ks;
+    const bool whole = j + W <= width;
+    if (!whole) {
+      std::memset(padded, 0, sizeof(padded));
+      for (int64_t jj = 0; jj < width - j; ++jj) std::memcpy(padded + jj * d, group + jj * ks, d * sizeof(float));
+      group = padded;
+      stride = d;
     }
-  }
-  for (; j < width; ++j) {
-    const float* kj = k + j * ks;
-    for (int64_t r = 0; r < rows; ++r) {
-      vf a = load(q + r * d) * load(kj);
-      for (int c = 1; c < C; ++c) a += load(q + r * d + W * c) * load(kj + W * c);
-      s[r * kBlock + j] = lane_sum(a);
-    }
+    scores_group<C>(q, rows, group, stride, s + j, whole && ahead != nullptr ? ahead + j * as : nullptr, as, whole);
   }
 }
 
-// The scaled queries of each head, [heads, rows, d], and the same in tiles of W rows as [d][W]
-// (zero past the last row), as `scores` takes them.
-inline void scaled_queries(const float* q, int64_t heads, int64_t rows, int64_t d, float scale, std::vector<float>& qs,
-                           std::vector<float>& qt) {
-  const int64_t tiles = (rows + W - 1) / W;
+// The scaled queries of each head, [heads, rows, d], as `scores` takes them.
+inline void scaled_queries(const float* q, int64_t heads, int64_t rows, int64_t d, float scale, std::vector<float>& qs) {
   qs.resize(heads * rows * d);
-  qt.assign(heads * tiles * W * d, 0.0f);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < d; ++i) {
-        const float x = q[(h * rows + r) * d + i] * scale;
-        qs[(h * rows + r) * d + i] = x;
-        qt[((h * tiles + r / W) * d + i) * W + r % W] = x;
-      }
+  for (int64_t i = 0; i < heads * rows * d; ++i) qs[i] = q[i] * scale;
 }
 
 // o[r] = sum_j p[r, j] v_j for T rows, head size C * W, register-blocked: the T rows' outputs for
@@ -368,19 +313,18 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   // per (head, block): each row's max and sum, and its weighted values
   std::vector<float> part_m(heads * blocks * rows), part_l(heads * blocks * rows);
   std::vector<float> part_o(heads * blocks * rows * d);
-  std::vector<float> qs, qt;
-  scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs, qt);
-  const int64_t tiles = (rows + W - 1) / W;
+  std::vector<float> qs;
+  scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs);
 
   at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(tiles * W * kBlock, 0.0f), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
+    std::vector<float> s(rows * kBlock, 0.0f), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
       int64_t stride;
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
       constexpr bool direct = std::is_same_v<T, float>;  // prefetch what the next phase reads
-      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * W * d, rows, kb, stride, width, s.data(),
+      scores<C>(qs.data() + h * rows * d, rows, kb, stride, width, s.data(),
                 direct ? reinterpret_cast<const float*>(vp + h * vh + j0 * vt) : nullptr, vt);
       for (int64_t r = 0; r < rows; ++r) {
         const auto [mx, sum] = softmax_block(s.data() + r * kBlock, width, row_end(r, n, total) - j0);
@@ -428,18 +372,17 @@ void mass_impl(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, 
   const T* kp = k.data_ptr<T>();
   const int64_t kh = k.stride(0), kt = k.stride(1);
   float* mp = mass.data_ptr<float>();  // [heads, n, total]
-  std::vector<float> qs, qt;
-  scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs, qt);
-  const int64_t tiles = (rows + W - 1) / W;
+  std::vector<float> qs;
+  scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs);
 
   at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(tiles * W * kBlock), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
+    std::vector<float> s(rows * kBlock), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
       int64_t stride;
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
-      scores<C>(qs.data() + h * rows * d, qt.data() + h * tiles * W * d, rows, kb, stride, width, s.data());
+      scores<C>(qs.data() + h * rows * d, rows, kb, stride, width, s.data());
       // new token i's mass: the sum over its rows g * n + i (the query heads of the group), which
       // all see the same keys
       const int64_t groups = rows / n;

@@ -8,7 +8,8 @@ so every key and value is read once. Its vector code is written for the processo
 width (8 floats with AVX2, 16 with AVX-512; why it matters is in the source's header).
 
 Builds. The kernel is compiled with the C++ compiler PyTorch's extension builder finds, into the
-user's cache, in up to two builds: "native" (-march=native, what the attention path uses) and, on
+user's cache, in one extension with the few-rows linear kernel (sparsespec.kernels.cpu_linear), in
+up to two builds: "native" (-march=native, what the attention path uses) and, on
 x86-64, "avx2" (-march=x86-64-v3: AVX2 + FMA, no AVX-512), so that a developer on either kind of
 processor tests and measures both. Where a build is impossible (no compiler, no ninja, a failed
 build) `available()` logs one line and returns False, and callers keep PyTorch's path.
@@ -45,6 +46,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".cpp")
+SOURCES = (SOURCE, SOURCE.with_name("cpu_linear.cpp"))  # one extension: the attention and linear kernels
 HEAD_SIZES = (16, 32, 64, 128)  # the head sizes it is compiled for
 ENV = "SPARSESPEC_CPU_KERNEL"  # "0": never; "1": wherever it applies; unset / "auto": where it is faster
 MARCH = {"native": "native", "avx2": "x86-64-v3"}  # build -> the -march it is compiled for
@@ -84,7 +86,7 @@ def _machine_tag() -> str:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         pass
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     return hashlib.sha1(flags.encode() + source + torch.__version__.encode()).hexdigest()[:10]
 
 
@@ -105,7 +107,7 @@ def _build(build: str = "native") -> None:
         os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), scripts])
     where = _build_dir(build)
     where.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(name=_library(build), sources=[str(SOURCE)], build_directory=str(where),
+    cpp_extension.load(name=_library(build), sources=[str(path) for path in SOURCES], build_directory=str(where),
                        extra_cflags=["-O3", f"-march={MARCH[build]}", "-fopenmp", "-ffp-contract=fast",
                                      "-fno-math-errno", f"-DSPARSESPEC_LIB={_library(build)}"],
                        extra_ldflags=["-fopenmp"],
@@ -135,7 +137,8 @@ def available(build: str = "native") -> bool:
 
 
 def ops(build: str = "native"):
-    """The loaded ops of a build (few_rows_attention, attention_mass, vector_width); raises if unavailable."""
+    """The loaded ops of a build (few_rows_attention, attention_mass, few_rows_linear, vector_width);
+    raises if unavailable."""
     if not available(build):
         raise RuntimeError(f"the CPU attention kernel ({build} build) is not available "
                            f"({_state.get(build, {}).get('error', f'{ENV}=0')})")

@@ -1,0 +1,139 @@
+// y = x W^T (+ b) for a few rows x [R, in] against a weight W [out, in] on the CPU, in float32,
+// reading W once per call for all the rows: a decode step (one row), a verification block (k + 1
+// rows) and a batch's step (B rows) each stream the weights once.
+//
+// Every output y[r, o] is computed the same way whatever R is and wherever row r sits: W-lane
+// partial sums over the input in chunk order (one FMA chain per lane), a fixed tree across the
+// lanes, then the input's tail (past the last whole chunk) in order, then the bias. A row's result
+// therefore does not depend on the rows computed with it, so a block of k + 1 rows gives, bit for
+// bit, what k + 1 one-row steps give.
+//
+// Register blocking: a tile of RT rows x OB outputs keeps RT * OB accumulators in registers while
+// the OB weight rows stream past (OB weight chunks and RT input chunks loaded per RT * OB FMAs);
+// further row tiles re-read the same OB weight rows from L1. The outputs are shared among the
+// threads in blocks, each thread streaming its own part of W.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#ifndef SPARSESPEC_LIB
+#define SPARSESPEC_LIB sparsespec_cpu
+#endif
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int W = 16;
+constexpr int RT = 4;  // rows a tile: 16 of the 32 vector registers hold accumulators
+#else
+constexpr int W = 8;
+constexpr int RT = 2;  // rows a tile: 8 of the 16 vector registers hold accumulators
+#endif
+constexpr int OB = 4;              // outputs a tile
+constexpr int64_t kTaskOutputs = 64;  // outputs a thread takes at a time
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef float vfu __attribute__((vector_size(W * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+
+inline vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+
+// Lanes [h, 2h) moved onto lanes [0, h) (the rest don't matter): one level of the lane tree.
+template <int H, size_t... L>
+constexpr vi down_mask(std::index_sequence<L...>) {
+  return vi{static_cast<int>((L + H) % W)...};
+}
+
+// The sum of a vector's lanes by a fixed tree (halves added until one lane is left).
+template <int H = W / 2>
+inline float tree_sum(vf x) {
+  if constexpr (H == 0) {
+    return x[0];
+  } else {
+    constexpr vi m = down_mask<H>(std::make_index_sequence<W>{});
+    return tree_sum<H / 2>(x + __builtin_shuffle(x, m));
+  }
+}
+
+// y[r, o0 + j] for r < T rows and j < OB outputs (o0 + j < out).
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 4
+#endif
+template <int T>
+inline void tile(const float* x, int64_t xs, const float* w, int64_t in, int64_t outs, const float* bias, float* y,
+                 int64_t ys, const float* w_end) {
+  const int64_t chunks = in / W;
+  vf acc[T][OB] = {};
+  const float* wr[OB];
+  for (int j = 0; j < OB; ++j) wr[j] = w + std::min<int64_t>(j, outs - 1) * in;  // past the end: repeat a row
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (PF_BLOCKS > 0 && T != 0 && (c * W) % 16 == 0) {
+      for (int j = 0; j < OB; ++j) {
+        const float* p = wr[j] + c * W + PF_BLOCKS * OB * in;
+        if (p < w_end) __builtin_prefetch(p, 0, 2);
+      }
+    }
+    vf wc[OB];
+    for (int j = 0; j < OB; ++j) wc[j] = load(wr[j] + c * W);
+    for (int t = 0; t < T; ++t) {
+      const vf xc = load(x + t * xs + c * W);
+      for (int j = 0; j < OB; ++j) acc[t][j] += xc * wc[j];
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int j = 0; j < OB && j < outs; ++j) {
+      float s = tree_sum(acc[t][j]);
+      for (int64_t i = chunks * W; i < in; ++i) s += x[t * xs + i] * wr[j][i];
+      if (bias != nullptr) s += bias[j];
+      y[t * ys + j] = s;
+    }
+  }
+}
+
+void linear_impl(const float* x, int64_t rows, int64_t xs, const float* w, int64_t in, int64_t out, const float* bias,
+                 float* y, int64_t ys) {
+  at::parallel_for(0, (out + kTaskOutputs - 1) / kTaskOutputs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t o_end = std::min(out, (task + 1) * kTaskOutputs);
+      for (int64_t o = task * kTaskOutputs; o < o_end; o += OB) {
+        const int64_t outs = std::min<int64_t>(OB, o_end - o);
+        const float* b = bias != nullptr ? bias + o : nullptr;
+        int64_t r = 0;
+        for (; r + RT <= rows; r += RT) tile<RT>(x + r * xs, xs, w + o * in, in, outs, b, y + r * ys + o, ys, w + out * in);
+        for (; r < rows; ++r) tile<1>(x + r * xs, xs, w + o * in, in, outs, b, y + r * ys + o, ys, w + out * in);
+      }
+    }
+  });
+}
+
+at::Tensor few_rows_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "few_rows_linear: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "few_rows_linear: float32 only");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows_linear: x [R, in], w [out, in]");
+  TORCH_CHECK(x.stride(1) == 1 && w.is_contiguous(), "few_rows_linear: contiguous rows of x, contiguous w");
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == w.size(0),
+                "few_rows_linear: bias [out] float32");
+    b = bias->data_ptr<float>();
+  }
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  linear_impl(x.data_ptr<float>(), x.size(0), x.stride(0), w.data_ptr<float>(), w.size(1), w.size(0), b,
+              y.data_ptr<float>(), y.stride(0));
+  return y;
+}
+
+}  // namespace
+
+#define SPARSESPEC_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
+#define SPARSESPEC_IMPL(ns, m) TORCH_LIBRARY_IMPL(ns, CPU, m)
+
+SPARSESPEC_FRAGMENT(SPARSESPEC_LIB, m) {
+  m.def("few_rows_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+}
+
+SPARSESPEC_IMPL(SPARSESPEC_LIB, m) { m.impl("few_rows_linear", few_rows_linear); }
