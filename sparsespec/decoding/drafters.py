@@ -178,28 +178,55 @@ def check_weight_format(weights: str, head_weights: str | None, weights_group: i
 
 
 @dataclass
-class SelfDrafter(Drafter):
-    """Self-speculation: the target model drafts with attention restricted to a KV policy.
+class WeightFormatDrafter(Drafter):
+    """A drafter whose forward passes read the weights in a draft format (models/quantized.py):
+    weights for the layers' projections (fp, bf16, int8, int4), head_weights for the lm_head (None:
+    as weights), weights_group for int4's group size. Keyword-only, so a subclass's own fields keep
+    their positions. The verification pass always runs the unmodified target."""
 
-    weights: the format of the weights the draft pass reads (models/quantized.py: fp, bf16, int8,
-    int4); head_weights: the lm_head's (None: as weights); weights_group: int4's group size. The
-    verification pass always runs the unmodified target."""
-
-    policy: KVPolicy = field(default_factory=FullKV)
-    weights: str = "fp"
-    head_weights: str | None = None
-    weights_group: int = 32
-    _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
-    _weight_bytes: int = field(default=0, repr=False)  # what a draft step reads of the weights
-    _view_bytes: list[int] = field(default_factory=lambda: [0, 0], repr=False)  # K/V read by the rounds, rounds
-    _labels: tuple[str, str] = field(default=("", ""), repr=False)  # (weights, KV) as rows report them
+    weights: str = field(default="fp", kw_only=True)
+    head_weights: str | None = field(default=None, kw_only=True)
+    weights_group: int = field(default=32, kw_only=True)
+    _weight_bytes: int = field(default=0, repr=False, kw_only=True)  # what a draft step reads of the weights
+    _view_bytes: list[int] = field(default_factory=lambda: [0, 0], repr=False, kw_only=True)  # K/V read, rounds
+    _labels: tuple[str, str] = field(default=("", ""), repr=False, kw_only=True)  # (weights, KV) as rows say them
 
     def __post_init__(self) -> None:
         check_weight_format(self.weights, self.head_weights, self.weights_group)
 
-    def draft_model(self, target: CausalLM) -> CausalLM:
-        """The model the draft pass runs: the target, or its copy in this drafter's weight formats."""
-        return quantized.draft_model(target, self.weights, self.head_weights, self.weights_group)
+    def draft_model(self, model: CausalLM) -> CausalLM:
+        """The model the draft pass runs: `model` itself, or its copy in this drafter's weight formats
+        (made on first use, then shared)."""
+        return quantized.draft_model(model, self.weights, self.head_weights, self.weights_group)
+
+    def _start_reads(self, model: CausalLM, kv_dtype: torch.dtype) -> None:
+        """Start counting what the draft steps of a generation read (the row's draft_* fields)."""
+        head = self.weights if self.head_weights is None else self.head_weights
+        self._weight_bytes = quantized.linear_bytes(model, self.weights, head, self.weights_group)
+        self._view_bytes = [0, 0]
+        weights = quantized.format_label(self.weights, model.dtype, self.weights_group)
+        if head != self.weights:
+            weights += f", lm_head {quantized.format_label(head, model.dtype, self.weights_group)}"
+        self._labels = (weights, quantized.format_label("fp", kv_dtype, 0))
+
+    def _count_read(self, view: KVCache) -> None:
+        """A round drafts over `view`: each of its steps reads the view's K and V in every layer."""
+        self._view_bytes[0] += 2 * len(view.k) * view.n_kv_heads * view.head_dim * view.k[0].element_size() * view.length
+        self._view_bytes[1] += 1
+
+    def _reads(self) -> dict:
+        read, rounds = self._view_bytes
+        return {"draft_weights": self._labels[0], "draft_kv": self._labels[1],
+                "draft_step_bytes": self._weight_bytes + (read // rounds if rounds else 0)}
+
+
+@dataclass
+class SelfDrafter(WeightFormatDrafter):
+    """Self-speculation: the target model drafts with attention restricted to a KV policy, its
+    weights read in the drafter's weight format (WeightFormatDrafter)."""
+
+    policy: KVPolicy = field(default_factory=FullKV)
+    _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
 
     def prepare(self, target: CausalLM) -> None:
         self.draft_model(target)
@@ -209,14 +236,7 @@ class SelfDrafter(Drafter):
 
     def start(self, state: DecodeState) -> None:
         self.policy.start(state)
-        target = state.target
-        head = self.weights if self.head_weights is None else self.head_weights
-        self._weight_bytes = quantized.linear_bytes(target, self.weights, head, self.weights_group)
-        self._view_bytes = [0, 0]
-        weights = quantized.format_label(self.weights, target.dtype, self.weights_group)
-        if head != self.weights:
-            weights += f", lm_head {quantized.format_label(head, target.dtype, self.weights_group)}"
-        self._labels = (weights, quantized.format_label("fp", state.cache.dtype, 0))
+        self._start_reads(state.target, state.cache.dtype)
 
     def verify_capture(self) -> Capture | None:
         return self.policy.verify_capture()
@@ -225,9 +245,7 @@ class SelfDrafter(Drafter):
         self.policy.update(state, n_accepted)
 
     def report(self) -> dict:
-        read, rounds = self._view_bytes
-        return {**self.policy.report(), "draft_weights": self._labels[0], "draft_kv": self._labels[1],
-                "draft_step_bytes": self._weight_bytes + (read // rounds if rounds else 0)}
+        return {**self.policy.report(), **self._reads()}
 
     def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
@@ -235,9 +253,7 @@ class SelfDrafter(Drafter):
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         round_, self._compact = selected_steps(state, self.policy, kmax, self._compact,
                                                self.draft_model(state.target))
-        view = self._compact if self._compact is not None and round_.finish is None else state.cache
-        self._view_bytes[0] += 2 * len(view.k) * view.n_kv_heads * view.head_dim * view.k[0].element_size() * view.length
-        self._view_bytes[1] += 1
+        self._count_read(self._compact if self._compact is not None and round_.finish is None else state.cache)
         return round_
 
 
@@ -264,7 +280,7 @@ def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVC
 
 
 @dataclass
-class ModelDrafter(Drafter):
+class ModelDrafter(WeightFormatDrafter):
     """A separate small LM sharing the target's tokenizer, with its own cache.
 
     A policy that scores positions (the recall index; with refresh off, a SnapKV-style static
@@ -327,15 +343,17 @@ class ModelDrafter(Drafter):
         n = state.prompt_len
         self._window, self._peak = self.policy.k_sink, 0  # nothing evicted yet: positions [0, length) held
         self.cache = self.model.new_cache(self.capacity(n))
+        self._start_reads(self.model, self.cache.dtype)
+        model = self.draft_model(self.model)  # every pass of the drafter, its own prefill included
         if self.scored:
-            self._own = DecodeState(self.model, self.cache, state.tokens, n)
-            self.model.prefill(state.tokens[:n], self.cache, self.prefill_chunk, capture=self.policy.prefill_capture())
+            self._own = DecodeState(model, self.cache, state.tokens, n)
+            model.prefill(state.tokens[:n], self.cache, self.prefill_chunk, capture=self.policy.prefill_capture())
             self.policy.start(self._own)
             self._peak = self.cache.length
             return
         for start in range(0, n, self.prefill_chunk):
             ids = state.tokens[start : min(start + self.prefill_chunk, n)]
-            self.model.forward_many([self._block(ids, logits="none")])
+            model.forward_many([self._block(ids, logits="none")])
             self._evict()
 
     def _block(self, ids: torch.Tensor | list[int], logits: str = "last") -> Block:
@@ -366,10 +384,13 @@ class ModelDrafter(Drafter):
         if self.scored:
             round_, self._compact = selected_steps(self._own, self.policy, kmax, self._compact)
             round_.vocab = state.target.vocab_size
+            self._count_read(self._compact if self._compact is not None and round_.finish is None else self.cache)
             return round_
+        self._count_read(self.cache)
         # the first step catches up on every token the drafter has not processed (the pending one,
         # plus the verifier's correction or the last draft when all were accepted)
-        return DraftSteps(self.model, state.tokens[self.seen :], kmax, self._block, vocab=state.target.vocab_size)
+        return DraftSteps(self.draft_model(self.model), state.tokens[self.seen :], kmax, self._block,
+                          vocab=state.target.vocab_size)
 
     def on_verified(self, state: DecodeState, n_accepted: int) -> None:
         # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
@@ -378,7 +399,8 @@ class ModelDrafter(Drafter):
         if self.scored:  # run the new real tokens through the drafter; its policy sees their queries
             new = state.tokens[self.cache.length : valid]
             if new:
-                self.model.forward(new, self.cache, capture=self.policy.verify_capture(), logits="none")
+                self.draft_model(self.model).forward(new, self.cache, capture=self.policy.verify_capture(),
+                                                    logits="none")
                 self.policy.update(self._own, len(new) - 1)
             self._own.tokens = state.tokens
             self._peak = max(self._peak, self.cache.length)
@@ -388,7 +410,11 @@ class ModelDrafter(Drafter):
         self._evict()
 
     def report(self) -> dict:
-        return {"drafter_kv_tokens": self._peak, **(self.policy.report() if self.scored else {})}
+        return {"drafter_kv_tokens": self._peak, **(self.policy.report() if self.scored else {}), **self._reads()}
+
+    def prepare(self, target: CausalLM) -> None:
+        if self.model is not None:
+            self.draft_model(self.model)
 
     def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens) if self.scored else 0
