@@ -152,7 +152,7 @@ def test_shipped_quantized_methods_are_exact_and_say_what_their_draft_read():
 
 
 def test_the_memory_guard_counts_the_quantized_copy():
-    target = tiny_lm("llama")
+    target, small = tiny_lm("llama"), tiny_lm("llama", seed=7, layers=1)
     plain = estimate_bytes(target, 2048, [load_method("sparsespec_l", [])], None, 512)
     q = estimate_bytes(target, 2048, [load_method("sparsespec_l", ["method.drafter.weights=int8"])], None, 512)
     copy = quantized.copy_bytes(target, "int8", None, 32)
@@ -160,6 +160,23 @@ def test_the_memory_guard_counts_the_quantized_copy():
     assert q.peak - plain.peak == copy
     assert copy == sum(p.nbytes for layer in draft_model(target, "int8")._packed for p in layer.values()) \
         + draft_model(target, "int8")._head.nbytes
+    # a model drafter's copy is of the drafter's weights, and an fp lm_head adds nothing
+    sd = estimate_bytes(target, 2048, [load_method("sd", ["method.drafter.weights=int4",
+                                                          "method.drafter.head_weights=fp"])], small, 512)
+    assert sd["draft weights copy"] == quantized.copy_bytes(small, "int4", "fp", 32) \
+        == quantized.copy_bytes(small, "int4", "int4", 32) - draft_model(small, "int4")._head.nbytes
+
+
+def test_a_model_drafter_method_takes_the_format_from_its_config():
+    target, small = tiny_lm("qwen2"), tiny_lm("qwen2", seed=7, layers=1)
+    prompt = random_prompt(64, seed=3)
+    ar = SpeculativeEngine(target).generate(prompt, 16).output_ids
+    for name in ("sd", "sd_sparse"):
+        method = load_method(name, ["method.drafter.weights=int8", "method.drafter.policy.budget=40"]
+                             if name == "sd_sparse" else ["method.drafter.weights=int8"])
+        res = method.build(target, small, prefill_chunk=32).generate_batch([prompt, prompt[:50]], 16)
+        assert res[0].output_ids == ar and res[0].extra["draft_weights"] == "int8"
+        assert res[0].drafted > res[0].accepted
 
 
 # -- bad input: one line naming the key, the reason and the formats that work here -------------
