@@ -15,14 +15,16 @@ Formats (`method.drafter.weights`):
 - int4: groups of `group` weights along the input, each with a scale and a zero point, the
   asymmetric min/max grid of GGUF's Q4_1 (`torch.ops.aten._weight_int4pack_mm_for_cpu`).
 
-Why torch's own packed ops: on this project's CPU, read cold over all of SmolLM2's linear layers
-with one row and 2 threads (`python scripts/microbench.py --weights`), the int8 and int4 ops with
-bfloat16 activations read the weights several times faster than float32 `F.linear`, and both need
-bfloat16 activations (with float32 ones they are far slower than `F.linear`), so the copy takes the
-draft's rows in bfloat16 and gives float32 back. torchao installs here, but on the CPU its
-weight-only int8 and int4 configs call these same two ops behind a tensor subclass, and it pins
-torch versions: the ops themselves are the smaller dependency. Group 32 by default: SmolLM2's
-hidden size (576) is not a multiple of 128, and 32 is the embedded checkpoint's own block size.
+Why torch's own packed ops: read cold over all of SmolLM2's linear layers, one row, 2 threads
+(`python scripts/weight_formats.py --threads 2 --torchao`, once, on this project's 2-core CPU while
+other work ran), a step took 73 ms in float32, 25 ms with bf16 `F.linear`, 12 ms through
+`_weight_int8pack_mm` and 6.8 ms through `_weight_int4pack_mm_for_cpu`: the low-bit ops read
+their bytes at least as fast as float32 reads its own, so the step's time falls with the format's
+bytes. Both ops are built for bfloat16 activations, so the copy takes the draft's rows in bfloat16
+and gives float32 back. torchao (0.18) installs here, but its weight-only int8 config took 65 ms in
+the same run and it has no int4 packing for the CPU any more (its int4 layouts serve GPU kernels):
+the ops themselves are faster and the smaller dependency. Group 32 by default: SmolLM2's hidden
+size (576) is not a multiple of 128, and 32 is the embedded checkpoint's own block size.
 
 The output stays the target's: the verifier runs the unmodified target, and under sampling the
 draft's q is the quantized draft's own distribution (speculative sampling needs only that q is what

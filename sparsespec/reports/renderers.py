@@ -23,6 +23,7 @@ from sparsespec.reports import (
     skinny,
     soak,
     train,
+    weight_formats,
 )
 
 
@@ -59,6 +60,7 @@ RENDERERS: dict[str, Callable[..., str]] = {
     "budgetdraft": _of_report(budgetdraft.markdown),
     "batching": _of_report(batching.markdown),
     "skinny": _of_report(skinny.skinny_table),
+    "weight_formats": _of_report(weight_formats.weight_formats_table),
     "attention_kernel": _of_report(attention_kernel.attention_table),
     "drafter_kv": _of_report(drafter_kv.table),
     "control": _of_report(control.markdown),

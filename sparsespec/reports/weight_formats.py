@@ -53,7 +53,7 @@ def bench_weight_formats(repeats: int, say: Say, rows: int = 1, torchao: bool = 
             "repeats": repeats, "formats": out}
 
 
-_OPS = {"fp": "F.linear, float32", "bf16": "F.linear, bfloat16",
+_OPS = {"fp": "runner.linear, float32 (the target's own)", "bf16": "F.linear, bfloat16",
         "int8": "aten._weight_int8pack_mm, bf16 activations",
         "int4": "aten._weight_int4pack_mm_for_cpu, group 32, bf16 activations"}
 
