@@ -81,3 +81,25 @@ def test_a_verification_block_gives_the_logits_of_one_token_steps_bit_for_bit(fa
         logits = lm.forward(block[:n], together)
         steps = torch.cat([lm.forward(block[i : i + 1], alone) for i in range(n)])
         assert torch.equal(logits, steps), (family, n)
+
+
+@pytest.mark.embedded
+def test_on_smollm2_a_verification_block_gives_one_token_steps_logits_bit_for_bit():
+    """The same on the embedded SmolLM2 (its own shapes: 9 query heads over 3 KV heads of 64, hidden
+    576, a 49k vocabulary), blocks of 1 to 16 tokens after a 300-token prompt."""
+    if not cpu_attention.available():
+        pytest.skip("no kernel build here")
+    from sparsespec.models.loading import load_model
+    from sparsespec.models.runner import CausalLM
+
+    loaded = load_model(None)
+    lm = CausalLM(loaded.model)
+    ids = loaded.tokenizer("The river ran past the mill and under the old stone bridge, " * 40)["input_ids"]
+    prompt, block = ids[:300], ids[300:316]
+    for n in (1, 2, 3, 5, 8, 16):
+        together, alone = lm.new_cache(512), lm.new_cache(512)
+        lm.prefill(prompt, together)
+        lm.prefill(prompt, alone)
+        logits = lm.forward(block[:n], together)
+        steps = torch.cat([lm.forward(block[i : i + 1], alone) for i in range(n)])
+        assert torch.equal(logits, steps), n
