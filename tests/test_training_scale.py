@@ -154,17 +154,3 @@ def test_validation_scores_every_row_of_a_batch():
     metrics = module.val_metrics()
     assert metrics["val/acc_full"] == pytest.approx(0.5)  # (1 + 0) / 2 rows, not row 0's 1.0
     assert metrics["val/tau4_full"] == pytest.approx(2.0)  # row 0's run is capped at 4, row 1's is 0
-
-
-def test_the_validation_loader_gives_each_rank_its_own_rows_without_duplicates():
-    from types import SimpleNamespace
-
-    from sparsespec.training.data import DraftDataModule, TeacherDataset
-
-    dm = DraftDataModule(seq_len=4, n_train=1, n_val=5)
-    dm.datasets["val"] = TeacherDataset(torch.arange(20).reshape(5, 4), {"targets": torch.zeros(5, 4, dtype=torch.int32)})
-    seen = []
-    for rank in range(2):
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
-        seen += [int(b["input_ids"][0, 0]) // 4 for b in dm.val_dataloader()]
-    assert sorted(seen) == [0, 1, 2, 3, 4]  # 5 rows over 2 ranks: 3 + 2, none padded in twice

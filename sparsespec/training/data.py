@@ -329,14 +329,6 @@ class DraftDataModule(L.LightningDataModule):
                                num_workers=self.num_workers, rank=rank, world_size=world)
 
     def val_dataloader(self) -> DataLoader:
-        """Each rank scores its own rows, every row once: Lightning's default distributed sampler
-        would pad the ranks to equal counts with duplicated rows, which would count twice."""
-        from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-
-        trainer = getattr(self, "trainer", None)
-        sampler = None
-        if trainer is not None and trainer.world_size > 1:
-            sampler = UnrepeatedDistributedSampler(self.datasets["val"], num_replicas=trainer.world_size,
-                                                   rank=trainer.global_rank, shuffle=False)
-        return DataLoader(self.datasets["val"], batch_size=1, num_workers=self.num_workers,
-                          sampler=sampler)
+        """Lightning's distributed sampler shares the rows among the ranks; where they do not divide
+        evenly it repeats a few so that every rank has a batch (which Lightning requires)."""
+        return DataLoader(self.datasets["val"], batch_size=1, num_workers=self.num_workers)
