@@ -181,7 +181,8 @@ def _bucket(op: str, n: int) -> int:
     return next((r for r in rows if r >= n), rows[-1])
 
 
-def _median_ms(fn: Callable[[], object], repeats: int = 3) -> float:
+def median_ms(fn: Callable[[], object], repeats: int = 3) -> float:
+    """The median of `repeats` timed calls after one warm-up, in milliseconds."""
     fn()
     times = []
     for _ in range(repeats):
@@ -218,7 +219,7 @@ def calibrate(op: str, group: int, n: int, d: int, dtype: torch.dtype, pytorch: 
         def theirs():
             return [pytorch(q, lse, k, scale) for k in ks]
     with torch.no_grad():
-        return [_median_ms(kernel), _median_ms(theirs)]
+        return [median_ms(kernel), median_ms(theirs)]
 
 
 def faster(op: str, group: int, n: int, d: int, dtype: torch.dtype, pytorch: Callable) -> bool:

@@ -4,27 +4,13 @@ what decoding runs. Used by scripts/microbench.py."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import torch
 
+from sparsespec.kernels.cpu_attention import median_ms
 from sparsespec.kv.cache import KVCache
 from sparsespec.reports import Say
 
 LAYERS, HKV, HQ, D = 30, 3, 9, 64  # SmolLM2-135M: layers, KV heads, query heads, head dim
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """The median of `repeats` timed calls after one warm-up, in milliseconds."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def bench_gather(ctx: int, repeats: int, say: Say) -> None:
