@@ -81,7 +81,8 @@ class TeacherDataset(Dataset):
         return self.ids.shape[0]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        item = {"input_ids": self.ids[i].long(), "targets": self.targets["targets"][i].long()}
+        # "row": the dataset index, by which validation counts a row the distributed sampler repeats once
+        item = {"input_ids": self.ids[i].long(), "targets": self.targets["targets"][i].long(), "row": torch.tensor(i)}
         if "topk_idx" in self.targets:
             item["topk_idx"] = self.targets["topk_idx"][i].long()
             item["topk_logp"] = self.targets["topk_logp"][i].float()

@@ -131,44 +131,74 @@ class BudgetDraftModule(L.LightningModule):
         return loss
 
     # -- validation ---------------------------------------------------------------------------
-    # Every row of every batch is scored, and the epoch's numbers are sums over all rows of all
-    # ranks divided by their counts: a mean of per-batch (or per-rank) means would weigh rows
-    # unequally, and the validation loader gives each rank its own rows with no duplicates
-    # (DraftDataModule.val_dataloader), so no row counts twice.
+    # Every row of every batch is scored and the epoch's numbers are means over distinct rows: a
+    # mean of per-batch (or per-rank) means would weigh rows unequally, and where the rows do not
+    # divide evenly among the ranks Lightning's distributed sampler repeats a few so that every rank
+    # has a batch. Each row is kept under its dataset index, and the ranks' rows are gathered and
+    # deduplicated by that index, so a repeated row counts once.
     def on_validation_epoch_start(self) -> None:
-        self._val_sums: dict[str, list[float]] = {}
+        self._val_rows: dict[int, dict[str, float]] = {}
 
-    def _val_add(self, key: str, values: torch.Tensor) -> None:
-        total = self._val_sums.setdefault(key, [0.0, 0.0])
-        total[0] += float(values.sum())
-        total[1] += values.numel()
+    def _row_ids(self, batch: dict[str, torch.Tensor], rows: int) -> list[int]:
+        if "row" in batch:
+            return [int(r) for r in batch["row"]]
+        # a batch without dataset indices (a direct call): ids no other row can have, on any rank
+        world, rank = (self._trainer.world_size, self._trainer.global_rank) if self._trainer else (1, 0)
+        start = len(self._val_rows)
+        return [-2 - (start + i) * world - rank for i in range(rows)]
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         ids, tgt = batch["input_ids"], batch["targets"]
         n = ids.shape[1]
         s = n // 2
-        if not hasattr(self, "_val_sums"):
+        if not hasattr(self, "_val_rows"):
             self.on_validation_epoch_start()
+        scores: dict[str, torch.Tensor] = {}
         per_row = []
         for b in [None, *self.budget.eval_budgets(n)]:
             agree = self.logits(ids, b, start=s).argmax(-1) == tgt[:, s:]  # [rows, n - s]
             name = "full" if b is None else f"B{b}"
             acc = agree.float().mean(1)
             per_row.append(acc)
-            self._val_add(f"val/acc_{name}", acc)
-            self._val_add(f"val/tau{self.tau_k}_{name}", torch.stack([accepted_run(a, self.tau_k) for a in agree]))
+            scores[f"val/acc_{name}"] = acc
+            scores[f"val/tau{self.tau_k}_{name}"] = torch.stack([accepted_run(a, self.tau_k) for a in agree])
         # the checkpoint monitor: mean acceptance over the full view and every eval budget
-        self._val_add("val/acceptance", torch.stack(per_row).mean(0))
+        scores["val/acceptance"] = torch.stack(per_row).mean(0)
+        for i, row in enumerate(self._row_ids(batch, ids.shape[0])):
+            self._val_rows[row] = {k: float(v[i]) for k, v in scores.items()}
+
+    def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
+        """Every rank's [rows, 1 + keys] table, stacked (padded to the longest with row id -1)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return table
+        strategy = trainer.strategy
+        longest = int(strategy.reduce(torch.tensor(float(table.shape[0]), device=self.device), reduce_op="max"))
+        padded = torch.full((longest, table.shape[1]), float("nan"), dtype=table.dtype)
+        padded[:, 0] = -1
+        padded[: table.shape[0]] = table
+        return strategy.all_gather(padded.to(self.device)).cpu().reshape(-1, table.shape[1])
 
     def val_metrics(self) -> dict[str, float]:
-        """This epoch's validation numbers so far: every key's sum over all rows of every rank, over
-        their count (the sums are added across ranks here)."""
-        keys = sorted(getattr(self, "_val_sums", {}))
-        sums = torch.tensor([self._val_sums[k] for k in keys], dtype=torch.float64).reshape(-1, 2)
-        trainer = self._trainer
-        if trainer is not None and trainer.world_size > 1:
-            sums = trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
-        return {k: float(total / count) for k, (total, count) in zip(keys, sums.tolist(), strict=True) if count}
+        """This epoch's validation numbers so far: every key's mean over the distinct rows scored on
+        all ranks."""
+        rows = getattr(self, "_val_rows", {})
+        keys = sorted({k for scores in rows.values() for k in scores})
+        table = torch.tensor([[row, *(scores.get(k, float("nan")) for k in keys)] for row, scores in rows.items()],
+                             dtype=torch.float64).reshape(-1, 1 + len(keys))
+        table = self._gather_rows(table)
+        table = table[table[:, 0] != -1]
+        order = torch.argsort(table[:, 0], stable=True)
+        ids = table[order, 0]
+        first = torch.ones_like(ids, dtype=torch.bool)
+        first[1:] = ids[1:] != ids[:-1]
+        table = table[order[first]]
+        out = {}
+        for j, key in enumerate(keys, start=1):
+            values = table[:, j][~table[:, j].isnan()]
+            if values.numel():
+                out[key] = float(values.mean())
+        return out
 
     def on_validation_epoch_end(self) -> None:
         for key, value in self.val_metrics().items():
