@@ -13,6 +13,23 @@ class ConfigError(ValueError):
     """A config key that cannot work: the message names the key and what it accepts."""
 
 
+class SettingError(ConfigError):
+    """A bad setting as data: its key, its value and the reason. A part knows its own field
+    (`ratio`); whoever holds the part knows where the user set it (`method.drafter.policy`), so it
+    re-raises `err.at("method.drafter.policy")` and the message names the key as typed."""
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key}={value!r} {reason}")
+
+    def at(self, prefix: str) -> SettingError:
+        """The same error with its key under `prefix`."""
+        return SettingError(f"{prefix}.{self.key}" if prefix else self.key, self.value, self.reason)
+
+    def __reduce__(self) -> tuple:  # pickled by its fields (a worker process's error reaches its parent)
+        return SettingError, (self.key, self.value, self.reason)
+
+
 def close(word: str, allowed: list[str]) -> str:
     near = difflib.get_close_matches(str(word), [str(a) for a in allowed], n=1)
     return f" (did you mean {near[0]}?)" if near else ""
@@ -20,15 +37,15 @@ def close(word: str, allowed: list[str]) -> str:
 
 def number(key: str, value: Any, kind: type = float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-        raise ConfigError(f"{key}={value!r} has the wrong type: expected {'an integer' if kind is int else 'a number'}")
+        raise SettingError(key, value, f"has the wrong type: expected {'an integer' if kind is int else 'a number'}")
     if isinstance(value, float) and math.isnan(value):
-        raise ConfigError(f"{key}=nan is not a number")
+        raise SettingError(key, value, "is not a number")
     return value
 
 
 def require(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{key}={value!r} is out of range: allowed {allowed}")
+        raise SettingError(key, value, f"is out of range: allowed {allowed}")
 
 
 def positive(key: str, value: Any, kind: type = int) -> None:
@@ -41,5 +58,5 @@ def non_negative(key: str, value: Any, kind: type = float) -> None:
 
 def choice(key: str, value: Any, allowed: tuple | list) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed{close(str(value), list(allowed))}: "
-                          f"use one of {', '.join(map(str, allowed))}")
+        raise SettingError(key, value, f"is not allowed{close(str(value), list(allowed))}: "
+                                       f"use one of {', '.join(map(str, allowed))}")

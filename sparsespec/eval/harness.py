@@ -515,8 +515,11 @@ def _load_drafter(cfg, methods, loaded, load_model, check_same_tokenizer, ModelL
                               "directory with the target's tokenizer, e.g. a train.py export)")
     try:
         drafter = load_model(path, dtype, device=device)
+    except ModelLoadError as e:  # its message speaks of model.path, the key load_model knows
+        raise EvaluationError(f"drafter.path={path}: the drafter could not be loaded ({e})") from e
+    try:
         check_same_tokenizer(loaded.tokenizer, drafter.tokenizer, what=f"drafter.path={path}")
-    except (ModelLoadError, ValueError) as e:
+    except ValueError as e:
         raise EvaluationError(str(e)) from e
     model = CausalLM(drafter.model)
     if model.vocab_size < CausalLM(loaded.model).vocab_size:

@@ -16,6 +16,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from sparsespec.checks import SettingError
 from sparsespec.decoding.controllers import Controller, FixedK
 from sparsespec.decoding.drafters import Drafter, PromptLookup
 from sparsespec.decoding.engine import SpeculativeEngine
@@ -68,10 +69,7 @@ class Method:
         except Exception as e:  # instantiate wraps the part's own error: show that one, at its key
             while isinstance(e, InstantiationException) and e.__cause__ is not None:
                 e = e.__cause__
-            m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)
-            where = (f"method.{key}.{m[2]}={m[3]}" + (f" ({m[1]})" if m[1] else "") if m and m[2] in node
-                     else f"method.{key}: {e}")
-            raise MethodConfigError(f"method {self.name}: {where}") from None
+            raise MethodConfigError(f"method {self.name}: {_at(e, f'method.{key}', node)}") from None
         if not isinstance(part, base):
             raise MethodConfigError(f"method {self.name}: method.{key}._target_ builds a {type(part).__name__}, "
                                     f"not a {base.__name__}: subclass {base.__module__}.{base.__name__}")
@@ -121,7 +119,7 @@ class Method:
             try:  # what the target's device and shapes allow (a draft weight format's kernel)
                 drafter.prepare(target)
             except ValueError as e:
-                raise MethodConfigError(f"method {self.name}: method.drafter.{e}") from None
+                raise MethodConfigError(f"method {self.name}: {_at(e, 'method.drafter', self.drafter)}") from None
         controller = FixedK() if self.controller is None else self._build("controller", Controller)
         try:
             lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
@@ -130,3 +128,14 @@ class Method:
             raise MethodConfigError(f"method {self.name}: method.{key}={str(e).split('=', 1)[1]}"
                                     + (", or 0 for no prompt lookup" if key == "lookup" else "")) from None
         return SpeculativeEngine(target, drafter, controller, prefill_chunk, lookup=lookup)
+
+
+def _at(e: Exception, where: str, node: dict) -> str:
+    """A part's error as the key the user set: a SettingError carries its key; a plain message that
+    starts with one of the part's fields (`ratio=2 ...`, or `Name: ratio=2 ...`) is read as that field's."""
+    if isinstance(e, SettingError):
+        return str(e.at(where))
+    m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)  # parts that do not raise SettingError yet
+    if m and m[2] in node:
+        return f"{where}.{m[2]}={m[3]}" + (f" ({m[1]})" if m[1] else "")
+    return f"{where}: {e}"

@@ -8,11 +8,12 @@ runs them and the rules that span sections, before any model loads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
 
-from sparsespec.checks import DTYPES, ConfigError, choice, number, positive, require
+from sparsespec.checks import DTYPES, ConfigError, SettingError, choice, number, positive, require
 from sparsespec.eval.results import SHARD_FORM, parse_shard
 from sparsespec.models.device import check_device_form
 
@@ -70,6 +71,13 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         if self.dtype is not None:
             choice("drafter.dtype", self.dtype, DTYPES)
+        if self.path is not None:  # checked here, before the target loads, so the error names drafter.path
+            from sparsespec.models.loading import _looks_local
+
+            spec = str(self.path).strip()
+            if _looks_local(spec) and not Path(spec).expanduser().exists():
+                raise SettingError("drafter.path", spec, "does not exist: pass the drafter's model directory "
+                                   "(a train.py export, or any model with the target's tokenizer) or a hub id")
 
 
 @dataclass
