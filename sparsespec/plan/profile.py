@@ -1,0 +1,354 @@
+"""A device profile: what the cost model's bytes and FLOPs take in time on one device.
+
+    python -m sparsespec.plan.profile --from-results --out results/profiles/cpu.json   # from the committed microbenchmarks
+    python -m sparsespec.plan.profile --measure --out my_cpu.json                      # run them here first
+    python -m sparsespec.plan.profile --probe outputs/gpu_check/probe.json --out gpu.json  # the GPU check's probe
+    python -m sparsespec.plan.profile --datasheet h100 --out h100.json                 # published figures
+
+A profile holds the read bandwidth, the dense compute rate per dtype, and, where they were measured,
+tables of the rate (GB/s of bytes read) a weight product, an attention pass and the recall index's
+refresh reach with a given number of query rows: a measured table says what the roofline cannot (a
+2-core CPU's products of a few rows are already compute-bound). Between measured row counts the time
+per byte is interpolated linearly; beyond the last, extended along the last two points. Without a
+table an op takes max(bytes / bandwidth, FLOPs / compute). Host time: `step_overhead_ms` per
+forward pass, `round_overhead_ms` per round, `lookup_ns_per_token` for prompt lookup's scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsespec.plan.cost import Op
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ROOT / "results" / "profiles"
+PROBE = ROOT / "outputs" / "gpu_check" / "probe.json"
+KINDS = ("linear", "attention", "index")
+
+# Published figures (SXM parts): HBM bandwidth and dense tensor-core throughput without sparsity.
+# What a kernel reaches is below both; a probe run replaces these.
+DATASHEETS: dict[str, dict[str, Any]] = {
+    "h100": dict(name="NVIDIA H100 SXM5 80GB", bandwidth_gbs=3350.0,
+                 compute_tflops={"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
+    "h200": dict(name="NVIDIA H200 SXM 141GB", bandwidth_gbs=4800.0,
+                 compute_tflops={"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
+    "a100": dict(name="NVIDIA A100 SXM4 80GB", bandwidth_gbs=2039.0,
+                 compute_tflops={"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}),
+}
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read or lacks a figure; the message names `profile=` and the fix."""
+
+
+@dataclass
+class DeviceProfile:
+    name: str
+    source: str  # measured | probe | datasheet
+    bandwidth_gbs: float  # a plain read of a large buffer
+    compute_tflops: dict[str, float] = field(default_factory=dict)  # dense products, by dtype
+    linear: dict[int, float] = field(default_factory=dict)  # rows -> GB/s of weights read by a product
+    attention: dict[int, float] = field(default_factory=dict)  # rows -> GB/s of one sequence's K/V
+    index: dict[int, float] = field(default_factory=dict)  # rows -> GB/s of keys, recall refresh
+    step_overhead_ms: float = 0.0
+    round_overhead_ms: float = 0.0
+    lookup_ns_per_token: dict[int, float] = field(default_factory=dict)  # context -> ns a token of the scan
+    notes: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind in (*KINDS, "lookup_ns_per_token"):
+            setattr(self, kind, {int(r): float(v) for r, v in getattr(self, kind).items()})
+
+    def compute(self, dtype: str = "float32") -> float | None:
+        """FLOP/s of dense products in `dtype` (int formats compute in bfloat16), or None."""
+        key = "bfloat16" if dtype in ("int8", "int4") else dtype
+        tf = self.compute_tflops.get(key) or self.compute_tflops.get("float32")
+        return tf * 1e12 if tf else None
+
+    def op_seconds(self, op: Op, dtype: str = "float32") -> float:
+        """Seconds `op` takes, all its runs (count) together."""
+        if op.kind == "lookup":
+            tokens = op.bytes / 8
+            return op.count * tokens * _by_log_ctx(self.lookup_ns_per_token, tokens) * 1e-9
+        read = op.bytes / (self.bandwidth_gbs * 1e9)
+        table = getattr(self, op.kind, None) if op.kind in KINDS else None
+        if table:
+            one = op.bytes * _per_byte(table, op.rows)
+        else:
+            peak = self.compute(dtype)
+            one = max(read, op.flops / peak) if peak and op.flops else read
+        return op.count * one
+
+    def read_seconds(self, op: Op) -> float:
+        """What `op` would take at the plain read bandwidth: the part of its time its bytes set."""
+        return 0.0 if op.kind == "lookup" else op.count * op.bytes / (self.bandwidth_gbs * 1e9)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for kind in (*KINDS, "lookup_ns_per_token"):
+            d[kind] = {str(r): round(v, 3) for r, v in sorted(d[kind].items())}
+        return json.dumps(d, indent=1)
+
+
+def _by_log_ctx(table: dict[int, float], ctx: float) -> float:
+    """A value measured at some contexts, interpolated in log(context), flat past the ends (0: none)."""
+    if not table:
+        return 0.0
+    pts = sorted(table.items())
+    if ctx <= pts[0][0]:
+        return pts[0][1]
+    for (c0, v0), (c1, v1) in zip(pts, pts[1:], strict=False):
+        if ctx <= c1:
+            w = math.log(ctx / c0) / math.log(c1 / c0)
+            return v0 + w * (v1 - v0)
+    return pts[-1][1]
+
+
+def _per_byte(table: dict[int, float], rows: float) -> float:
+    """Seconds per byte at `rows` from a table of GB/s by rows (see the module's docstring)."""
+    # taken as measured, dips included: F.linear's 2-3 rows take a slower path than its 4-5
+    pts = sorted((r, 1 / (g * 1e9)) for r, g in table.items())
+    if rows <= pts[0][0] or len(pts) == 1:
+        return pts[0][1]
+    for (r0, s0), (r1, s1) in zip(pts, pts[1:], strict=False):
+        if rows <= r1:
+            return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+    (r0, s0), (r1, s1) = pts[-2], pts[-1]
+    return s1 + max(0.0, (s1 - s0) / (r1 - r0)) * (rows - r1)
+
+
+def _need(d: dict, key: str, where: str, fix: str) -> Any:
+    if d.get(key) is None:
+        raise ProfileError(f"profile={where}: no {key}; {fix}")
+    return d[key]
+
+
+def from_dict(d: dict[str, Any], where: str = "<dict>") -> DeviceProfile:
+    """A profile from its JSON form; a probe.json is converted (`from_probe`)."""
+    if "ceilings" in d and "contexts" in d:
+        return from_probe(d, where)
+    _need(d, "bandwidth_gbs", where, "add the read bandwidth in GB/s, or measure a profile with "
+          "`python -m sparsespec.plan.profile --measure --out FILE`")
+    if not d.get("compute_tflops") and not all(d.get(k) for k in KINDS):
+        raise ProfileError(f"profile={where}: no compute_tflops and no measured tables for "
+                           f"{', '.join(k for k in KINDS if not d.get(k))}; add compute_tflops "
+                           "({\"bfloat16\": TFLOP/s}) or measure the tables with --measure")
+    known = set(DeviceProfile.__dataclass_fields__)
+    try:
+        return DeviceProfile(**{k: v for k, v in d.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"profile={where}: {e}") from None
+
+
+def datasheet(name: str) -> DeviceProfile:
+    """Published figures; prompt lookup's host scan is priced as on this project's CPU (the shipped
+    cpu profile), since no datasheet gives it."""
+    d = DATASHEETS[name]
+    cpu = PROFILES / "cpu.json"
+    lookup = json.loads(cpu.read_text()).get("lookup_ns_per_token", {}) if cpu.is_file() else {}
+    return DeviceProfile(name=d["name"], source="datasheet", bandwidth_gbs=d["bandwidth_gbs"],
+                         compute_tflops=dict(d["compute_tflops"]), lookup_ns_per_token=lookup,
+                         notes="published peak figures; kernels reach less, and per-step host overhead is not on a "
+                               "datasheet (0 here): a probe run gives both. Prompt lookup's scan: this project's "
+                               "CPU's figures")
+
+
+def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
+    """A profile from a JSON file (a profile or the GPU check's probe.json), a file name under
+    results/profiles/ without `.json`, or a GPU name (h100, h200, a100): its probe where the GPU
+    check ran on that GPU, else its datasheet figures (source: datasheet)."""
+    if isinstance(spec, DeviceProfile):
+        return spec
+    key = str(spec)
+    if key.lower() in DATASHEETS:
+        if PROBE.is_file():
+            probe = json.loads(PROBE.read_text())
+            if key.lower() in str(probe.get("gpu") or "").lower():
+                return from_probe(probe, str(PROBE))
+        return datasheet(key.lower())
+    path = Path(key)
+    if not path.is_file() and (PROFILES / f"{key}.json").is_file():
+        path = PROFILES / f"{key}.json"
+    if not path.is_file():
+        shipped = {p.stem for p in PROFILES.glob("*.json")} if PROFILES.is_dir() else set()
+        raise ProfileError(f"profile={spec}: no such file; pass a profile JSON, one of {', '.join(sorted(shipped | set(DATASHEETS)))}, "
+                           "or make one with `python -m sparsespec.plan.profile --measure --out FILE`")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"profile={spec}: not readable JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ProfileError(f"profile={spec}: holds no JSON object")
+    return from_dict(d, str(spec))
+
+
+# -- building profiles ---------------------------------------------------------------------------
+
+def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path: str = "ours",
+                 attention_path: str = "native", round_overhead_ms: float = 0.0,
+                 lookup_ns_per_token: dict[int, float] | None = None, name: str | None = None) -> DeviceProfile:
+    """A CPU profile from the microbenchmarks' reports (scripts/microbench.py --skinny and
+    --attention): the weight products of `linear_path` ("ours": the project's few-rows kernel,
+    "linear": F.linear) and the attention and index refresh of `attention_path` ("native", "avx2",
+    "pytorch"), each as GB/s by rows (median over contexts)."""
+    wb = skinny["weight_bytes"]
+    rows = skinny["rows"]
+    linear = {r["rows"]: wb / (r[f"{linear_path}_ms"] / 1e3) / 1e9 for r in rows}
+    bandwidth = statistics.median(wb / (r["read_ms"] / 1e3) / 1e9 for r in rows)
+    tables: dict[str, dict[int, list[float]]] = {"attention": {}, "index refresh": {}}
+    for r in attention["rows"]:
+        t = r["paths"][attention_path]["ms"] / 1e3
+        tables[r["op"]].setdefault(r["rows"], []).append(r["bytes"] / t / 1e9)
+    med = {op: {n: statistics.median(v) for n, v in t.items()} for op, t in tables.items()}
+    prov = skinny.get("provenance", {})
+    cpu = f"{prov.get('cpu', 'CPU')}, {prov.get('threads', '?')} threads"
+    return DeviceProfile(
+        name=name or f"{cpu} (products: {linear_path}, attention: {attention_path})", source="measured",
+        bandwidth_gbs=bandwidth, linear=linear, attention=med["attention"], index=med["index refresh"],
+        round_overhead_ms=round_overhead_ms, lookup_ns_per_token=lookup_ns_per_token or {},
+        notes="tables from the committed microbenchmarks (their commands in provenance); the products' and "
+              "attention's per-call host time is inside their timings, so step_overhead_ms is 0",
+        provenance={"skinny": skinny.get("command"), "attention": attention.get("command"),
+                    "skinny_date": prov.get("date"), "attention_date": attention.get("provenance", {}).get("date"),
+                    "cpu": prov.get("cpu"), "threads": prov.get("threads")})
+
+
+def from_probe(probe: dict[str, Any], where: str = "probe.json") -> DeviceProfile:
+    """A profile from the GPU check's probe: the bf16 GEMV's read rate as the weights' bandwidth; the
+    attention rate at 1, 5 and 21 rows and the index refresh's from how the ar step, the
+    verification passes and the recall update grow between the probe's two contexts (Llama-3.1-8B's
+    shape in bfloat16); the ar step's remainder as host overhead per step. Compute from the GPU's
+    datasheet where it is one of DATASHEETS."""
+    from sparsespec.plan.cost import kv_bytes
+    from sparsespec.plan.shapes import from_config
+
+    ceil = probe.get("ceilings") or {}
+    gemv = (ceil.get("gemv_bf16") or {}).get("gb_s")
+    if not gemv:
+        raise ProfileError(f"profile={where}: the probe has no ceilings.gemv_bf16.gb_s (its ceilings step failed); "
+                           "rerun scripts/device_probe.py")
+    ctxs = [c for c in probe.get("contexts", []) if not c.get("failed")]
+    if len(ctxs) < 2:
+        raise ProfileError(f"profile={where}: the probe has fewer than two contexts that ran; rerun scripts/device_probe.py")
+    shape = from_config(probe["shape"], "probe")
+    dtype = probe.get("dtype", "bfloat16")
+    a, b = ctxs[0], ctxs[-1]
+    dkv = kv_bytes(shape, b["ctx"], dtype) - kv_bytes(shape, a["ctx"], dtype)
+
+    def rate(key: str, share: float = 1.0) -> float | None:
+        dt = (b[key]["device_ms"] - a[key]["device_ms"]) / 1e3
+        return dkv * share / dt / 1e9 if dt > 0 else None
+
+    attention = {n: rate(k) for n, k in ((1, "ar_step"), (5, "verify_5"), (21, "verify_21"))}
+    index = {5: rate("recall_update", 0.5)}
+    from sparsespec.plan.cost import weight_bytes
+    w = weight_bytes(shape, dtype)
+    overhead = a["ar_step"]["wall_ms"] - 1e3 * (w / (gemv * 1e9) + kv_bytes(shape, a["ctx"], dtype) / (attention[1] * 1e9)) \
+        if attention[1] else 0.0
+    gpu = str(probe.get("gpu") or probe.get("device"))
+    sheet = next((d for k, d in DATASHEETS.items() if k in gpu.lower()), None)
+    return DeviceProfile(
+        name=f"{gpu} (probe)", source="probe", bandwidth_gbs=float(gemv),
+        compute_tflops=dict(sheet["compute_tflops"]) if sheet else {},
+        attention={n: v for n, v in attention.items() if v}, index={n: v for n, v in index.items() if v},
+        step_overhead_ms=max(0.0, overhead),
+        notes="bandwidth, attention and index rates and host overhead from the probe; compute from the datasheet"
+              if sheet else "from the probe; no datasheet compute for this GPU (products are priced at the bandwidth)",
+        provenance={"probe": where, "torch": probe.get("torch")})
+
+
+def measure_lookup_ns(ctx: int = 65536, repeats: int = 5) -> float:
+    """ns per context token of one prompt lookup (PromptLookup.lookup over a random history: the
+    token list turned into a tensor and scanned for the last bigram)."""
+    import random
+    import time
+
+    from sparsespec.decoding.drafters import PromptLookup
+
+    rng = random.Random(0)
+    tokens = [rng.randrange(50000) for _ in range(ctx)]
+    lk = PromptLookup(2)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        lk.lookup(tokens, 8)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / ctx * 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sparsespec.plan.profile", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-results", action="store_true",
+                     help="from results/skinny_products.json and results/attention_kernel.json (no timing)")
+    src.add_argument("--measure", action="store_true", help="run the microbenchmarks here (minutes), then build")
+    src.add_argument("--probe", type=Path, help="a probe.json from scripts/device_probe.py")
+    src.add_argument("--datasheet", choices=sorted(DATASHEETS))
+    p.add_argument("--skinny", type=Path, default=ROOT / "results" / "skinny_products.json")
+    p.add_argument("--attention", type=Path, default=ROOT / "results" / "attention_kernel.json")
+    p.add_argument("--linear-path", default="ours", choices=("ours", "linear"),
+                   help="weight products: the project's few-rows kernel (ours) or F.linear (linear)")
+    p.add_argument("--attention-path", default="native", choices=("native", "avx2", "pytorch"))
+    p.add_argument("--round-overhead-ms", type=float, default=0.0, help="host time a round adds (bookkeeping)")
+    p.add_argument("--lookup-ns", default=None,
+                   help="prompt lookup's scan, ns per context token by context (CTX=NS,...; default: timed here "
+                        "at each --ctx, about a second)")
+    p.add_argument("--ctx", default="4k,16k,32k,64k", help="--measure: contexts of the attention benchmark")
+    p.add_argument("--repeats", type=int, default=5, help="--measure: timed calls per point")
+    p.add_argument("--name", default=None)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    try:
+        if args.datasheet:
+            prof = datasheet(args.datasheet)
+        elif args.probe:
+            if not args.probe.is_file():
+                raise ProfileError(f"--probe {args.probe}: no such file; run scripts/device_probe.py --out DIR first")
+            prof = from_probe(json.loads(args.probe.read_text()), str(args.probe))
+        else:
+            if args.measure:
+                from sparsespec.config import parse_ctx
+                from sparsespec.provenance import Provenance
+                from sparsespec.reports.attention_kernel import bench_attention
+                from sparsespec.reports.skinny import bench_skinny
+
+                prov = Provenance.begin()
+                skinny = bench_skinny(args.repeats, print)
+                skinny["provenance"] = prov.end()
+                attention = bench_attention([parse_ctx(c) for c in args.ctx.split(",")], args.repeats, print)
+                attention["provenance"] = prov.end()
+            else:
+                for f in (args.skinny, args.attention):
+                    if not f.is_file():
+                        raise ProfileError(f"{f}: no such file; run `python scripts/microbench.py --skinny/--attention "
+                                           "--json FILE` or use --measure")
+                skinny, attention = json.loads(args.skinny.read_text()), json.loads(args.attention.read_text())
+            from sparsespec.config import parse_ctx
+
+            if args.lookup_ns is not None:
+                lookup = {parse_ctx(c): float(v) for c, v in (kv.split("=") for kv in args.lookup_ns.split(","))}
+            else:
+                lookup = {parse_ctx(c): measure_lookup_ns(parse_ctx(c)) for c in args.ctx.split(",")}
+            prof = from_results(skinny, attention, args.linear_path, args.attention_path, args.round_overhead_ms,
+                                lookup, args.name)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.name:
+        prof.name = args.name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(prof.to_json() + "\n")
+    print(f"wrote {args.out}: {prof.name} ({prof.source})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
