@@ -684,3 +684,61 @@ def test_dataset_configs_match_their_loaders():
         # so a loader option is set on the command line without a leading '+'
         d = compose("evaluate", overrides=["dataset=ruler", "dataset.options.haystack=essays"]).dataset
         assert d.options.haystack == "essays"
+
+
+# ---------------------------------------------------------------------------------------------
+# every built-in loader gives the samples it gave before its config named it by `_target_`
+# ---------------------------------------------------------------------------------------------
+
+
+def _built_in_cases(tmp: Path) -> dict[str, tuple[str, dict]]:
+    """(dataset, load_samples arguments) on the shipped books, generated tasks and small fixtures."""
+    lb = tmp / "longbench"
+    write_jsonl(lb / "narrativeqa.jsonl", [longbench_row("long1", long_context()), longbench_row("short1", "The ferryman crossed.")])
+    v2 = tmp / "v2.json"
+    v2.write_text(json.dumps([v2_row("s1", "short", "easy"), v2_row("l1", "long", "hard", "C", long_context())]))
+    ib = tmp / "ib"
+    write_jsonl(ib / "longbook_choice_eng.jsonl", [{"id": 1, "context": long_context(), "input": "Who crossed?",
+                                                   "answer": ["the ferryman"], "options": ["a", "the ferryman", "c", "d"]}])
+    (tmp / "doc.txt").write_text(long_context(), encoding="utf-8")
+    return {
+        "pg19": ("pg19", {"ctx": 300, "limit": 3}),
+        "pg19 eval": ("pg19", {"ctx": 200, "split": "eval", "offset": 0.1}),
+        "text": ("text", {"ctx": 200, "path": str(tmp / "doc.txt")}),
+        "longbench": ("longbench", {"ctx": 256, "path": str(lb), "task": "narrativeqa"}),
+        "longbench_v2": ("longbench_v2", {"ctx": 256, "path": str(v2)}),
+        "infinitebench": ("infinitebench", {"ctx": 400, "task": "passkey", "limit": 2, "seed": 3}),
+        "infinitebench rows": ("infinitebench", {"ctx": 400, "path": str(ib), "task": "longbook_choice_eng"}),
+        "ruler": ("ruler", {"ctx": 1024, "task": "niah_multikey", "limit": 2, "seed": 1}),
+        "ruler cwe": ("ruler", {"ctx": 2048, "task": "cwe", "limit": 1}),
+    }
+
+
+def _digest(samples: list) -> str:
+    import hashlib
+
+    body = [(s.sample_id, s.dataset, s.task, s.prompt_ids, s.answers, s.max_new_tokens) for s in samples]
+    return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:16]
+
+
+# sha256 of (sample_id, dataset, task, prompt_ids, answers, max_new_tokens), as the loaders gave them
+# when the dataset registry was a name -> loader map
+BUILT_IN_DIGESTS = {
+    "pg19": "e41ffec3b19abd0d",
+    "pg19 eval": "0a59ebc32b7562f4",
+    "text": "5a53539c0e7dbc03",
+    "longbench": "76565855ad2d514d",
+    "longbench_v2": "4a64190c31d54184",
+    "infinitebench": "351a561367830c71",
+    "infinitebench rows": "d1b07714bc8f4d8a",
+    "ruler": "97e733c80bcda9e6",
+    "ruler cwe": "8191d461fcf9e527",
+}
+
+
+def test_built_in_loaders_give_the_samples_they_gave(chat_tok, tmp_path):
+    got = {}
+    for case, (name, kw) in _built_in_cases(tmp_path).items():
+        kw = dict(kw)
+        got[case] = _digest(load_samples(name, chat_tok, kw.pop("ctx"), **kw))
+    assert got == BUILT_IN_DIGESTS
