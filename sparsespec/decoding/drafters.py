@@ -25,6 +25,9 @@ from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
+from sparsespec.kv.quantized import DraftView, QuantizedKVCache, check_kv_format, view_bytes
+from sparsespec.kv.quantized import format_label as kv_label
+from sparsespec.kv.quantized import new_cache as new_view_cache
 from sparsespec.models import quantized
 from sparsespec.models.device import to_device_ids
 from sparsespec.models.runner import Block, CausalLM
@@ -181,18 +184,22 @@ def check_weight_format(weights: str, head_weights: str | None, weights_group: i
 class WeightFormatDrafter(Drafter):
     """A drafter whose forward passes read the weights in a draft format (models/quantized.py):
     weights for the layers' projections (fp, bf16, int8, int4), head_weights for the lm_head (None:
-    as weights), weights_group for int4's group size. Keyword-only, so a subclass's own fields keep
-    their positions. The verification pass always runs the unmodified target."""
+    as weights), weights_group for int4's group size; and attend to K/V in a draft KV format
+    (kv/quantized.py): kv for the view a draft step reads (fp: the cache's own dtype, bf16, int8
+    with a scale per token and KV head). Keyword-only, so a subclass's own fields keep their
+    positions. The verification pass always runs the unmodified target over its own cache."""
 
     weights: str = field(default="fp", kw_only=True)
     head_weights: str | None = field(default=None, kw_only=True)
     weights_group: int = field(default=32, kw_only=True)
+    kv: str = field(default="fp", kw_only=True)
     _weight_bytes: int = field(default=0, repr=False, kw_only=True)  # what a draft step reads of the weights
     _view_bytes: list[int] = field(default_factory=lambda: [0, 0], repr=False, kw_only=True)  # K/V read, rounds
     _labels: tuple[str, str] = field(default=("", ""), repr=False, kw_only=True)  # (weights, KV) as rows say them
 
     def __post_init__(self) -> None:
         check_weight_format(self.weights, self.head_weights, self.weights_group)
+        check_kv_format(self.kv)
 
     def draft_model(self, model: CausalLM) -> CausalLM:
         """The model the draft pass runs: `model` itself, or its copy in this drafter's weight formats
@@ -207,11 +214,12 @@ class WeightFormatDrafter(Drafter):
         weights = quantized.format_label(self.weights, model.dtype, self.weights_group)
         if head != self.weights:
             weights += f", lm_head {quantized.format_label(head, model.dtype, self.weights_group)}"
-        self._labels = (weights, quantized.format_label("fp", kv_dtype, 0))
+        self._labels = (weights, kv_label(self.kv, kv_dtype))
 
     def _count_read(self, view: KVCache) -> None:
-        """A round drafts over `view`: each of its steps reads the view's K and V in every layer."""
-        self._view_bytes[0] += 2 * len(view.k) * view.n_kv_heads * view.head_dim * view.k[0].element_size() * view.length
+        """A round drafts over `view`: each of its steps reads the view's K and V in every layer (in
+        the view's format, an int8 view's scales included)."""
+        self._view_bytes[0] += view_bytes(view)
         self._view_bytes[1] += 1
 
     def _reads(self) -> dict:
@@ -226,7 +234,7 @@ class SelfDrafter(WeightFormatDrafter):
     weights read in the drafter's weight format (WeightFormatDrafter)."""
 
     policy: KVPolicy = field(default_factory=FullKV)
-    _compact: KVCache | None = field(default=None, repr=False)  # reused by every round's gather
+    _view: DraftView | None = field(default=None, repr=False)  # the rounds' view, its storage reused
 
     def prepare(self, target: CausalLM) -> None:
         self.draft_model(target)
@@ -236,6 +244,7 @@ class SelfDrafter(WeightFormatDrafter):
 
     def start(self, state: DecodeState) -> None:
         self.policy.start(state)
+        self._view = DraftView(self.kv)
         self._start_reads(state.target, state.cache.dtype)
 
     def verify_capture(self) -> Capture | None:
@@ -251,24 +260,22 @@ class SelfDrafter(WeightFormatDrafter):
         return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
-        round_, self._compact = selected_steps(state, self.policy, kmax, self._compact,
-                                               self.draft_model(state.target))
-        self._count_read(self._compact if self._compact is not None and round_.finish is None else state.cache)
+        round_, view = selected_steps(state, self.policy, kmax, self._view, self.draft_model(state.target))
+        self._count_read(view)
         return round_
 
 
-def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVCache | None,
-                   model: CausalLM | None = None) -> tuple[DraftSteps, KVCache | None]:
+def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, view: DraftView | None,
+                   model: CausalLM | None = None) -> tuple[DraftSteps, KVCache]:
     """A round drafted by `model` (default `state.target`; a copy of it in a draft weight format)
     from the positions `policy` selects in `state.cache` (which holds every token but the pending
-    one), and the compact cache it gathered them into (reused next round). Full view: the round
-    drafts straight into the cache and rolls back."""
+    one), in the view format of `view` (None: fp), and the cache the round attends to. A sparse
+    view is gathered into `view`'s compact cache (reused next round); a full view is the cache
+    itself (fp) or `view`'s copy of it in the format; the round drafts into it and rolls back."""
     model, length = model or state.target, state.cache.length
+    view = view if view is not None else DraftView()
     idx = policy.select(state)
-    if idx is None:
-        cache = state.cache
-    else:
-        cache = compact = state.cache.gather(idx, extra=kmax + 1, out=compact)
+    cache = view.full(state.cache, kmax + 1) if idx is None else view.gathered(state.cache, idx, kmax + 1)
     base = cache.length
     positions = iter(torch.arange(length, length + kmax, device=model.device).split(1))
 
@@ -276,7 +283,7 @@ def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, compact: KVC
         return Block(ids, cache, positions=next(positions), logits="last")
 
     return DraftSteps(model, [state.tokens[-1]], kmax, block,
-                      finish=(lambda: cache.crop(base)) if idx is None else None), compact
+                      finish=(lambda: cache.crop(base)) if idx is None else None), cache
 
 
 @dataclass
@@ -308,7 +315,7 @@ class ModelDrafter(WeightFormatDrafter):
     _window: int = field(default=0, repr=False)  # the first non-sink position the cache holds
     _peak: int = field(default=0, repr=False)  # most entries per layer held at once
     _own: DecodeState | None = field(default=None, repr=False)  # the drafter's cache, as a scored policy reads it
-    _compact: KVCache | None = field(default=None, repr=False)  # a scored policy's gathered view
+    _view: DraftView | None = field(default=None, repr=False)  # a scored policy's view of that cache
 
     @property
     def scored(self) -> bool:
@@ -342,7 +349,12 @@ class ModelDrafter(WeightFormatDrafter):
                                 "pass model=CausalLM(...)")
         n = state.prompt_len
         self._window, self._peak = self.policy.k_sink, 0  # nothing evicted yet: positions [0, length) held
-        self.cache = self.model.new_cache(self.capacity(n))
+        # a scored policy reads the whole cache (kept as the model computes it) and drafts from a
+        # view of it in the draft KV format; otherwise the cache is the view, held in that format
+        m = self.model
+        self.cache = new_view_cache("fp" if self.scored else self.kv, m.n_layers, m.n_kv_heads, m.head_dim, m.dtype,
+                                    m.device, self.capacity(n))
+        self._view = DraftView(self.kv)
         self._start_reads(self.model, self.cache.dtype)
         model = self.draft_model(self.model)  # every pass of the drafter, its own prefill included
         if self.scored:
@@ -374,17 +386,20 @@ class ModelDrafter(WeightFormatDrafter):
         if drop < self.EVICT_EVERY:
             return
         s, end = self.policy.k_sink, self.cache.length
-        for store in (self.cache.k, self.cache.v):
-            for t in store:
-                t[:, s : end - drop] = t[:, s + drop : end].clone()
+        if isinstance(self.cache, QuantizedKVCache):  # its scales move with the entries
+            self.cache.shift(s, end, drop)
+        else:
+            for store in (self.cache.k, self.cache.v):
+                for t in store:
+                    t[:, s : end - drop] = t[:, s + drop : end].clone()
         self.cache.crop(end - drop)
         self._window = first
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         if self.scored:
-            round_, self._compact = selected_steps(self._own, self.policy, kmax, self._compact)
+            round_, view = selected_steps(self._own, self.policy, kmax, self._view)
             round_.vocab = state.target.vocab_size
-            self._count_read(self._compact if self._compact is not None and round_.finish is None else self.cache)
+            self._count_read(view)
             return round_
         self._count_read(self.cache)
         # the first step catches up on every token the drafter has not processed (the pending one,

@@ -112,12 +112,24 @@ inline vf transpose_sum(vf* a) {
 }
 
 // Keys or values [j0, j0 + width) of one head as float32 rows of d: the rows themselves when they
-// are float32, else widened into `scratch` (a bfloat16 is the top half of a float32).
+// are float32, else widened into `scratch`: a bfloat16 is the top half of a float32; an int8 row
+// is its values times the row's scale (`sc`, one float per key: a draft's int8 view), one float32
+// product per element, as its PyTorch dequantization computes it.
 template <typename T>
-const float* as_float(const T* src, int64_t stride, int64_t width, int64_t d, float* scratch, int64_t& out_stride) {
+const float* as_float(const T* src, int64_t stride, int64_t width, int64_t d, float* scratch, int64_t& out_stride,
+                      const float* sc = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     out_stride = stride;
     return src;
+  } else if constexpr (std::is_same_v<T, int8_t>) {
+    for (int64_t j = 0; j < width; ++j) {
+      const float s = sc[j];
+      const int8_t* row = src + j * stride;
+      float* dst = scratch + j * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(row[i]) * s;
+    }
+    out_stride = d;
+    return scratch;
   } else {
     const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
     uint32_t* dst = reinterpret_cast<uint32_t*>(scratch);
@@ -301,15 +313,19 @@ inline std::pair<float, float> softmax_block(float* s, int64_t width, int64_t vi
   return {mx, sum};
 }
 
+// k_scale, v_scale: an int8 view's per-row scales [heads, T] float32 (undefined for other types).
 template <typename T, int C>
 void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, int64_t n,
-                    at::Tensor& out, at::Tensor& lse) {
+                    at::Tensor& out, at::Tensor& lse, const at::Tensor& k_scale = {}, const at::Tensor& v_scale = {}) {
   constexpr int64_t d = C * W;
   const int64_t heads = q.size(0), rows = q.size(1), total = k.size(1);
   const int64_t blocks = (total + kBlock - 1) / kBlock;
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   const int64_t kh = k.stride(0), kt = k.stride(1), vh = v.stride(0), vt = v.stride(1);
+  const float* ksp = k_scale.defined() ? k_scale.data_ptr<float>() : nullptr;
+  const float* vsp = v_scale.defined() ? v_scale.data_ptr<float>() : nullptr;
+  const int64_t ksh = k_scale.defined() ? k_scale.stride(0) : 0, vsh = v_scale.defined() ? v_scale.stride(0) : 0;
   // per (head, block): each row's max and sum, and its weighted values
   std::vector<float> part_m(heads * blocks * rows), part_l(heads * blocks * rows);
   std::vector<float> part_o(heads * blocks * rows * d);
@@ -322,7 +338,8 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
       int64_t stride;
-      const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride);
+      const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride,
+                                 ksp != nullptr ? ksp + h * ksh + j0 : nullptr);
       constexpr bool direct = std::is_same_v<T, float>;  // prefetch what the next phase reads
       scores<C>(qs.data() + h * rows * d, rows, kb, stride, width, s.data(),
                 direct ? reinterpret_cast<const float*>(vp + h * vh + j0 * vt) : nullptr, vt);
@@ -331,7 +348,8 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         part_m[task * rows + r] = mx;
         part_l[task * rows + r] = sum;
       }
-      const float* vb = as_float(vp + h * vh + j0 * vt, vt, width, d, scratch.data(), stride);
+      const float* vb = as_float(vp + h * vh + j0 * vt, vt, width, d, scratch.data(), stride,
+                                 vsp != nullptr ? vsp + h * vsh + j0 : nullptr);
       const int64_t next = task + 1 < end && (task + 1) % blocks != 0 ? std::min(kBlock, total - j0 - width) : 0;
       weighted_values<C>(s.data(), rows, vb, stride, width, part_o.data() + task * rows * d,
                          direct ? reinterpret_cast<const float*>(kp + h * kh + (j0 + width) * kt) : nullptr, kt,
@@ -456,6 +474,34 @@ std::tuple<at::Tensor, at::Tensor> few_rows_attention(const at::Tensor& q, const
   return {out, lse};
 }
 
+// few_rows_attention over an int8 view: k, v [Hkv, T, D] int8 with per-row float32 scales
+// k_scale, v_scale [Hkv, T] (row (h, t) is k[h, t] * k_scale[h, t]). Each block's rows are
+// dequantized as they stream past, so memory is read at a quarter of float32's bytes (plus the
+// scales), and a row's result depends on no other row, as for float32.
+std::tuple<at::Tensor, at::Tensor> few_rows_attention_int8(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& k_scale, const at::Tensor& v,
+                                                           const at::Tensor& v_scale, double scale, int64_t n) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "few_rows_attention_int8: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3, "few_rows_attention_int8: q [Hkv, rows, D] and k [Hkv, T, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "few_rows_attention_int8: q must be contiguous float32");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2), "few_rows_attention_int8: q and k disagree on heads or head size");
+  TORCH_CHECK(k.scalar_type() == at::kChar && v.scalar_type() == at::kChar && v.sizes() == k.sizes() &&
+                  k.stride(2) == 1 && v.stride(2) == 1,
+              "few_rows_attention_int8: k and v int8 of one shape, each row contiguous");
+  for (const at::Tensor* s : {&k_scale, &v_scale}) {
+    TORCH_CHECK(s->scalar_type() == at::kFloat && s->dim() == 2 && s->size(0) == k.size(0) && s->size(1) == k.size(1) &&
+                    s->stride(1) == 1,
+                "few_rows_attention_int8: scales float32 [Hkv, T], contiguous along T");
+  }
+  TORCH_CHECK(n >= 1 && q.size(1) % n == 0 && n <= k.size(1), "few_rows_attention_int8: rows must be groups of n <= T");
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto lse = at::empty({q.size(0), q.size(1)}, q.options());
+  dispatch_head<int8_t>(q.size(2), [&]<typename T, int C>() {
+    attention_impl<T, C>(q, k, v, scale, n, out, lse, k_scale, v_scale);
+  });
+  return {out, lse};
+}
+
 at::Tensor attention_mass(const at::Tensor& q, const at::Tensor& lse, const at::Tensor& k, double scale, int64_t n) {
   check(q, k, "attention_mass");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1),
@@ -478,11 +524,13 @@ int64_t vector_width() { return W; }
 
 SPARSESPEC_DEFINE(SPARSESPEC_LIB, m) {
   m.def("few_rows_attention(Tensor q, Tensor k, Tensor v, float scale, int n) -> (Tensor, Tensor)");
+  m.def("few_rows_attention_int8(Tensor q, Tensor k, Tensor k_scale, Tensor v, Tensor v_scale, float scale, int n) -> (Tensor, Tensor)");
   m.def("attention_mass(Tensor q, Tensor lse, Tensor k, float scale, int n) -> Tensor");
   m.def("vector_width() -> int", vector_width);
 }
 
 SPARSESPEC_IMPL(SPARSESPEC_LIB, m) {
   m.impl("few_rows_attention", few_rows_attention);
+  m.impl("few_rows_attention_int8", few_rows_attention_int8);
   m.impl("attention_mass", attention_mass);
 }

@@ -23,7 +23,9 @@ the kernel.
 
 Layout: q [Hkv, R, D] float32 with a KV head's rows ordered (query head in the group, new token):
 row g * n + i is new token i of n, which sees keys [0, T - n + i]; k, v [Hkv, T, D] float32 or
-bfloat16 with contiguous rows (a cache's [:, :T] slice is fine).
+bfloat16 with contiguous rows (a cache's [:, :T] slice is fine), or int8 with a float32 scale per
+row ([Hkv, T]: a draft's int8 view, `few_rows_attention_int8`), dequantized block by block as the
+keys stream past.
 """
 
 from __future__ import annotations
@@ -151,11 +153,13 @@ def vector_width(build: str = "native") -> int:
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, op: str = "attention", pytorch: Callable | None = None) -> bool:
-    """Whether the kernel serves these tensors: CPU, K/V in float32 or bfloat16, a head size it is
-    compiled for, no gradient wanted (it has no backward), built, and, given the caller's PyTorch
-    path for `op` ("attention": (q, k, v, scale), "mass": (q, lse, k, scale)), measured at least as
-    fast as that path here (see the module's docstring)."""
-    if not (q.device.type == "cpu" and k.dtype in (torch.float32, torch.bfloat16) and k.stride(-1) == 1
+    """Whether the kernel serves these tensors: CPU, K/V in float32 or bfloat16 (int8: a draft's
+    view, for `few_rows_attention_int8`), a head size it is compiled for, no gradient wanted (it has
+    no backward), built, and, given the caller's PyTorch path for `op` ("attention": (q, k, v,
+    scale), "mass": (q, lse, k, scale)), measured at least as fast as that path here (see the
+    module's docstring). An int8 view is given no PyTorch path to compare with: that path would
+    first dequantize the whole view, reading it and writing it in float32 again."""
+    if not (q.device.type == "cpu" and k.dtype in (torch.float32, torch.bfloat16, torch.int8) and k.stride(-1) == 1
             and q.shape[-1] in HEAD_SIZES and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
             and available()):
         return False
@@ -266,3 +270,12 @@ def attention_mass(q: torch.Tensor, lse: torch.Tensor, k: torch.Tensor, scale: f
     hq, c, _ = q.shape
     hkv = k.shape[0]
     return ops(build).attention_mass(_rows(q, hkv), lse.float().reshape(hkv, hq // hkv * c).contiguous(), k, float(scale), c)
+
+
+def few_rows_attention_int8(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, v: torch.Tensor,
+                            v_scale: torch.Tensor, scale: float, build: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
+    """`few_rows_attention` over an int8 view: k, v [Hkv, T, D] int8 with per-row float32 scales
+    k_scale, v_scale [Hkv, T] (key (h, t) is k[h, t] * k_scale[h, t], as `Int8Rows.dequantize`)."""
+    hq, n, d = q.shape
+    out, lse = ops(build).few_rows_attention_int8(_rows(q, k.shape[0]), k, k_scale, v, v_scale, float(scale), n)
+    return out.to(q.dtype).reshape(hq, n, d), lse.reshape(hq, n)

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from sparsespec.kernels import cpu_attention
 from sparsespec.kv.capture import causal_block_mask
+from sparsespec.kv.quantized import Int8Rows
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ def attend(
     queries. With it, `attention_mass` recovers those queries' probabilities later, for the rows
     that turn out to matter, without the fused kernel ever materialising them.
     """
+    if isinstance(k, Int8Rows) or k.dtype != q.dtype:  # a draft's view in a draft KV format
+        return _attend_view(q, k, v, scale, mask, lse_rows)
     c = min(lse_rows, q.shape[1])
     if mask is None:
         if q.shape[1] <= SMALL_QUERY_BLOCK and cpu_attention.applies(q, k, "attention", _pytorch_few_rows):
@@ -174,6 +177,28 @@ def attend(
             out, lse = _attend_split(q, k, v, scale, kernel, split_keys=q.device.type == "cpu")
             return out, (lse[:, q.shape[1] - c :] if c else None)
     return _attend_reference(q, k, v, scale, mask, c)
+
+
+def _attend_view(q: torch.Tensor, k: torch.Tensor | Int8Rows, v: torch.Tensor | Int8Rows, scale: float,
+                 mask: torch.Tensor | None, lse_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`attend` over a draft's view held in fewer bytes than the queries (kv/quantized.py): bf16
+    keys and values, or int8 ones with per-row scales. The CPU kernel reads them as stored (a few
+    rows, the default visibility); any other path dequantizes them to q's dtype first, which reads
+    and writes the view once more, so there the format saves memory but no time."""
+    c = min(lse_rows, q.shape[1])
+    if mask is None and q.shape[1] <= SMALL_QUERY_BLOCK:
+        if isinstance(k, Int8Rows):
+            if cpu_attention.applies(q, k.data, "attention"):
+                out, lse = cpu_attention.few_rows_attention_int8(q, k.data, k.scale, v.data, v.scale, scale)
+                return out, (lse[:, q.shape[1] - c :] if c else None)
+        elif cpu_attention.applies(q, k, "attention", _pytorch_few_rows):
+            out, lse = cpu_attention.few_rows_attention(q, k, v, scale)
+            return out, (lse[:, q.shape[1] - c :] if c else None)
+
+    def dense(x: torch.Tensor | Int8Rows) -> torch.Tensor:
+        return x.dequantize(q.dtype) if isinstance(x, Int8Rows) else x.to(q.dtype)
+
+    return attend(q, dense(k), dense(v), scale, mask, lse_rows)
 
 
 def _pytorch_few_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
