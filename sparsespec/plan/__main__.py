@@ -89,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
             for b in batches:
                 preds = plan(shape, ctx, b, prof, dtypes, a["acceptance"], methods, k_max, a["data"],
                              rope_scaling=a["rope_scaling"])
-                out.append(table(preds, f"**{shape.name}, ctx {ctx}, batch {b}, {prof.name} ({prof.source}), "
-                                        f"weights {dtypes.weights}, KV {dtypes.kv}**"))
+                text = table(preds, f"**{shape.name}, ctx {ctx}, batch {b}, {prof.name} ({prof.source}), "
+                                    f"weights {dtypes.weights}, KV {dtypes.kv}**")
+                if preds.missing:
+                    text += (f"\n\nNot priced, no acceptance data: {', '.join(preds.missing)} (measure: `python evaluate.py "
+                             "method=NAME ctx=... out_dir=DIR`, `python -m sparsespec.plan.acceptance --runs DIR --out "
+                             "FILE`, then acceptance=FILE).")
+                out.append(text)
                 rows += [{"ctx": ctx, "batch": b, **p.as_row()} for p in preds]
     except (UsageError, ShapeError, ProfileError, AcceptanceError, PlanError) as e:
         print(f"error: {e}", file=sys.stderr)

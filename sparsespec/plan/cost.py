@@ -23,6 +23,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5
 ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 WEIGHT_FORMATS = ("float32", "bfloat16", "float16", "int8", "int4")
 KV_FORMATS = ("float32", "bfloat16", "float16")
+DRAFT_KV_FORMATS = (*KV_FORMATS, "int8")  # int8: a float32 scale per (token, KV head) row (kv/quantized.py)
 INT4_ROWS = 16  # torch's int4 packing pads output rows to a multiple of this (models/quantized.py)
 
 
@@ -53,7 +54,7 @@ class Dtypes:
             if getattr(self, key) is not None:
                 object.__setattr__(self, key, dtype_name(getattr(self, key), key))
         if self.draft_kv is not None:
-            object.__setattr__(self, "draft_kv", dtype_name(self.draft_kv, "draft_kv", KV_FORMATS))
+            object.__setattr__(self, "draft_kv", dtype_name(self.draft_kv, "draft_kv", DRAFT_KV_FORMATS))
 
     def draft(self) -> tuple[str, str, str]:
         """(layers' format, lm_head's format, KV format) a draft step reads."""
@@ -76,36 +77,40 @@ class Op:
     reads: str = "kv"
 
 
-def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: bool = False) -> float:
-    """Bytes one product reads of an (out, in) weight held in `fmt`."""
+def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None = None) -> float:
+    """Bytes one product reads of an (out, in) weight held in `fmt`, with a bias in dtype `bias`."""
     fmt = dtype_name(fmt)
-    extra = out * 4 if bias else 0
+    extra = out * DTYPE_BYTES[dtype_name(bias)] if bias else 0
     if fmt == "int8":
         return out * inp + out * 2 + extra
     if fmt == "int4":
         n = out + (-out % INT4_ROWS)
         return n * inp // 2 + (inp // group) * n * 4 + extra
-    size = DTYPE_BYTES[fmt]
-    return out * inp * size + (out * size if bias else 0)
+    return out * inp * DTYPE_BYTES[fmt] + extra
 
 
 def weight_bytes(shape: ModelShape, fmt: str = "float32", head: str | None = None, group: int = 32,
                  norms: str | None = None) -> float:
     """What one forward reads of the weights: every layer's linear layers in `fmt`, the lm_head in
-    `head` (None: `fmt`) and the norms in `norms` (None: `fmt` where it is a float dtype, else float32).
-    A tied lm_head is read like an untied one: the step multiplies by it either way."""
+    `head` (None: `fmt`) and the norms in `norms`, the model's own dtype (None: `fmt` where it is a
+    float dtype, else float32). A bias is in the model's dtype where `fmt` is it, else float32 (a
+    draft copy keeps its biases in float32). A tied lm_head is read like an untied one: the step
+    multiplies by it either way."""
     head = fmt if head is None else head
+    own = norms or (dtype_name(fmt) if dtype_name(fmt) in KV_FORMATS else "float32")
+    bias = own if dtype_name(fmt) == own else "float32"
     total = 0.0
     for i, (out, inp) in enumerate(shape.layer_matrices):
-        total += shape.layers * matrix_bytes(out, inp, fmt, group, bias=shape.qkv_bias and i == 0)
+        total += shape.layers * matrix_bytes(out, inp, fmt, group, bias if shape.qkv_bias and i == 0 else None)
     total += matrix_bytes(shape.vocab, shape.hidden, head, group)
-    norm_dtype = norms or (dtype_name(fmt) if dtype_name(fmt) in KV_FORMATS else "float32")
-    return total + shape.norm_params * DTYPE_BYTES[norm_dtype]
+    return total + shape.norm_params * DTYPE_BYTES[own]
 
 
 def kv_bytes(shape: ModelShape, tokens: int, dtype: str = "float32") -> float:
-    """K and V bytes of `tokens` cached tokens over all layers."""
-    return shape.kv_elements_per_token() * tokens * DTYPE_BYTES[dtype_name(dtype, "kv", KV_FORMATS)]
+    """K and V bytes of `tokens` cached tokens over all layers (int8: with each row's float32 scale)."""
+    dtype = dtype_name(dtype, "kv", DRAFT_KV_FORMATS)
+    scales = 2 * shape.layers * shape.kv_heads * 4 * tokens if dtype == "int8" else 0
+    return shape.kv_elements_per_token() * tokens * DTYPE_BYTES[dtype] + scales
 
 
 def linear_flops(shape: ModelShape, rows: int) -> float:

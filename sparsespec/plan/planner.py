@@ -41,6 +41,7 @@ class MethodSpec:
     window: int = 16
     refresh: bool = True
     draft_weights: str | None = None
+    draft_kv: str | None = None
     acceptance_from: str | None = None
 
 
@@ -53,6 +54,7 @@ METHODS: dict[str, MethodSpec] = {m.name: m for m in (
     MethodSpec("sparsespec_l_q", view="recall", k_recent=64, draft_weights="int4", acceptance_from="sparsespec_l"),
     MethodSpec("snapkv_self", view="recall", refresh=False, acceptance_from="sparsespec_l"),
     MethodSpec("lookup", drafter="lookup"),
+    MethodSpec("quantspec", view="full", draft_weights="int4", draft_kv="int8"),
 )}
 
 
@@ -131,7 +133,8 @@ def predict(spec: MethodSpec, shape: ModelShape, ctx: int, batch: int, profile: 
                           {"step": t_ar * 1e3})
     if curve is None:
         raise PlanError(f"method {spec.name}: no acceptance curve")
-    d = dtypes if spec.draft_weights is None else replace(dtypes, draft_weights=spec.draft_weights)
+    d = replace(dtypes, draft_weights=spec.draft_weights or dtypes.draft_weights,
+                draft_kv=spec.draft_kv or dtypes.draft_kv)
     b = _buckets()
     parts: dict[str, float] = {}
     accepted = curve.accepted(k)
@@ -195,7 +198,7 @@ def _check(ctx: int, batch: int, shape: ModelShape, rope_scaling: str = "auto") 
 def plan(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str | Path | DeviceProfile = "cpu",
          dtypes: Dtypes | None = None, acceptance: str | Path | Acceptance | None = None,
          methods: list[str] | None = None, k_max: int = 16, data: str | None = "pg19",
-         drafter: str | dict | ModelShape | None = None, rope_scaling: str = "auto") -> list[Prediction]:
+         drafter: str | dict | ModelShape | None = None, rope_scaling: str = "auto") -> Plan:
     """Every method's prediction at its best draft length (1..k_max, within the positions its curve
     measured), best first; ar is in the list at 1.0. A method without acceptance data (and no
     stand-in) is left out; `best` says so if that leaves none."""
@@ -206,7 +209,7 @@ def plan(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str 
     acc = acceptance if isinstance(acceptance, Acceptance) else load_acceptance(acceptance)
     drafter_shape = load_shape(drafter) if drafter is not None else None
     names = methods or list(METHODS)
-    out = []
+    out, missing = [], []
     for name in names:
         if name not in METHODS:
             raise PlanError(f"methods: {name} is not a method the planner knows ({', '.join(METHODS)})")
@@ -216,11 +219,20 @@ def plan(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str 
             continue
         curve = _curve(acc, spec, ctx, data)
         if curve is None:
+            missing.append(name)
             continue
         preds = [predict(spec, shape, ctx, batch, prof, dtypes, k, curve, drafter_shape)
                  for k in range(1, min(k_max, curve.max_k) + 1)]
         out.append(max(preds, key=lambda p: p.speedup))
-    return sorted(out, key=lambda p: -p.speedup)
+    return Plan(sorted(out, key=lambda p: -p.speedup), missing)
+
+
+class Plan(list):
+    """The predictions, best first, and `missing`: the methods left out for want of acceptance data."""
+
+    def __init__(self, preds: list[Prediction], missing: list[str]) -> None:
+        super().__init__(preds)
+        self.missing = missing
 
 
 def _curve(acc: Acceptance, spec: MethodSpec, ctx: int, data: str | None) -> Curve | None:
