@@ -15,7 +15,14 @@ from sparsespec.plan.__main__ import main as cli
 from sparsespec.plan.acceptance import Acceptance, AcceptanceError, Curve, curves_from_rows
 from sparsespec.plan.cost import Dtypes
 from sparsespec.plan.planner import METHODS, PlanError, plan, predict
-from sparsespec.plan.profile import DeviceProfile, ProfileError, _per_byte, from_dict, from_probe, load_profile
+from sparsespec.plan.profile import (
+    DeviceProfile,
+    ProfileError,
+    _per_byte,
+    from_dict,
+    from_probe,
+    load_profile,
+)
 from sparsespec.plan.shapes import ShapeError, from_config, load_shape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +58,9 @@ def test_known_shapes_match_the_committed_measurements():
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("fmt", ["fp", "bf16", "int8", "int4"])
 def test_linear_bytes_agree_with_the_engine_count(family, fmt):
-    from sparsespec.models import quantized
     from conftest import tiny_config, tiny_lm
+
+    from sparsespec.models import quantized
 
     model = tiny_lm(family, vocab=100, intermediate_size=128)
     shape = from_config(tiny_config(family, vocab=100, intermediate_size=128).to_dict(), family)
