@@ -198,10 +198,11 @@ def _check(ctx: int, batch: int, shape: ModelShape, rope_scaling: str = "auto") 
 def plan(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str | Path | DeviceProfile = "cpu",
          dtypes: Dtypes | None = None, acceptance: str | Path | Acceptance | None = None,
          methods: list[str] | None = None, k_max: int = 16, data: str | None = "pg19",
-         drafter: str | dict | ModelShape | None = None, rope_scaling: str = "auto") -> Plan:
+         drafter: str | dict | ModelShape | None = None, rope_scaling: str = "auto", stand_ins: bool = True) -> Plan:
     """Every method's prediction at its best draft length (1..k_max, within the positions its curve
-    measured), best first; ar is in the list at 1.0. A method without acceptance data (and no
-    stand-in) is left out; `best` says so if that leaves none."""
+    measured), best first; ar is in the list at 1.0. A method without acceptance data is left out
+    (named in the result's `missing`); `stand_ins=False` leaves out those priced with another
+    method's acceptance too (an upper bound), as a choice that will be run should."""
     shape = load_shape(model)
     _check(ctx, batch, shape, rope_scaling)
     prof = load_profile(profile)
@@ -217,7 +218,7 @@ def plan(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str 
         if spec.drafter == "none":
             out.append(predict(spec, shape, ctx, batch, prof, dtypes, 0, None))
             continue
-        curve = _curve(acc, spec, ctx, data)
+        curve = _curve(acc, replace(spec, acceptance_from=None) if not stand_ins else spec, ctx, data)
         if curve is None:
             missing.append(name)
             continue
