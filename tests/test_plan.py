@@ -238,3 +238,19 @@ def test_committed_calibration_is_what_the_code_gives_and_beats_the_identity():
     s = committed["summary"]
     assert s["all"]["median_abs_error"] < s["identity"]["median_abs_error"]
     assert math.isclose(s["all"]["rows"], len(committed["rows"]))
+
+
+def test_planned_reads_an_evaluate_method_config():
+    from sparsespec.plan.planner import planned, spec_from_method
+
+    config = {"name": "my_recall", "lookup": 0, "controller": {"_target_": "x.FixedK", "k": 4},
+              "drafter": {"_target_": "sparsespec.decoding.drafters.SelfDrafter", "weights": "int8", "kv": "fp",
+                          "policy": {"_target_": "sparsespec.kv.recall.RecallIndex", "ratio": 0.05, "window": 8}}}
+    spec = spec_from_method(config)
+    assert (spec.view, spec.ratio, spec.window, spec.draft_weights, spec.acceptance_from) == \
+        ("recall", 0.05, 8, "int8", "sparsespec_l")
+    assert spec_from_method({"name": "lookup", "drafter": None, "lookup": 2}).drafter == "lookup"
+    p = planned(config, "smollm2-135m", 16384, k=4)
+    assert p is not None and p.k == 4 and "stand-in for my_recall" in p.acceptance
+    assert planned("ar", "smollm2-135m", 4096).speedup == 1.0
+    assert planned("quantspec", "smollm2-135m", 4096) is None  # no acceptance measured for it

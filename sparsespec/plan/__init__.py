@@ -15,7 +15,7 @@ _WHERE = {
     "Acceptance": "acceptance", "AcceptanceError": "acceptance", "Curve": "acceptance", "load_acceptance": "acceptance",
     "Dtypes": "cost",
     "METHODS": "planner", "MethodSpec": "planner", "PlanError": "planner", "Prediction": "planner", "best": "planner",
-    "plan": "planner", "predict": "planner",
+    "plan": "planner", "predict": "planner", "planned": "planner", "spec_from_method": "planner",
     "DeviceProfile": "profile", "ProfileError": "profile", "load_profile": "profile",
     "KNOWN": "shapes", "ModelShape": "shapes", "ShapeError": "shapes", "load_shape": "shapes",
 }

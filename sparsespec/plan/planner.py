@@ -43,6 +43,7 @@ class MethodSpec:
     draft_weights: str | None = None
     draft_kv: str | None = None
     acceptance_from: str | None = None
+    budget: int | None = None
 
 
 # The shipped method configs (conf/method/*.yaml) the planner prices.
@@ -149,7 +150,8 @@ def predict(spec: MethodSpec, shape: ModelShape, ctx: int, batch: int, profile: 
             ops = cost.model_draft_step(drafter, ctx, batch, d)
             view = ctx
         else:
-            view = ctx if spec.view == "full" else cost.view_budget(ctx, spec.ratio, None, spec.k_sink, spec.k_recent)
+            view = ctx if spec.view == "full" else cost.view_budget(ctx, spec.ratio, spec.budget, spec.k_sink,
+                                                                    spec.k_recent)
             ops = cost.draft_step(shape, view, batch, d)
         step_b = _buckets()
         draft_one = _time(ops, profile, d.draft()[0], step_b) + host
@@ -262,4 +264,58 @@ def best(model: str | dict | ModelShape, ctx: int, batch: int = 1, profile: str 
     return preds[0]
 
 
-__all__ = ["METHODS", "MethodSpec", "PlanError", "Prediction", "ShapeError", "best", "plan", "predict"]
+_FORMATS = {"fp": None, "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
+
+
+def spec_from_method(config: dict) -> MethodSpec:
+    """The MethodSpec of an evaluate.py method config (`Method.as_dict()`: name, drafter node with
+    its policy node, controller node, lookup). A shipped method's name gives its spec with the
+    config's own settings over it; another method is read from its parts (a SelfDrafter's view by
+    its policy class, a model drafter otherwise), taking the acceptance of the shipped method with
+    the same view as a stand-in."""
+    name = config.get("name") or "method"
+    drafter = config.get("drafter")
+    if not drafter:
+        return MethodSpec(name, drafter="lookup" if config.get("lookup") else "none")
+    target = str(drafter.get("_target_", ""))
+    policy = drafter.get("policy") or {}
+    kind = str(policy.get("_target_", "FullKV")).rsplit(".", 1)[-1]
+    view = {"FullKV": "full", "StreamingKV": "streaming", "RecallIndex": "recall"}.get(kind, "recall")
+    base = METHODS.get(name)
+    stand_in = {"streaming": "magicdec", "recall": "sparsespec_l"}.get(view)
+    kw = {k: policy[k] for k in ("ratio", "k_sink", "k_recent", "window", "refresh", "budget") if k in policy}
+    return MethodSpec(
+        name, drafter="self" if target.endswith("SelfDrafter") else "model", view=view,
+        draft_weights=_FORMATS.get(str(drafter.get("weights", "fp"))),
+        draft_kv=_FORMATS.get(str(drafter.get("kv", "fp"))),
+        acceptance_from=(base.acceptance_from if base else stand_in if stand_in != name else None), **kw)
+
+
+def planned(method: str | dict | MethodSpec, model: str | dict | ModelShape, ctx: int, batch: int = 1,
+            profile: str | Path | DeviceProfile = "cpu", dtypes: Dtypes | None = None,
+            acceptance: str | Path | Acceptance | None = None, k: int | None = None, data: str | None = "pg19",
+            drafter: str | dict | ModelShape | None = None) -> Prediction | None:
+    """One method's prediction before it runs (a row's `planned_speedup`): a shipped name, an
+    evaluate.py method config or a MethodSpec; at draft length `k` (None: its best). None where there
+    is no acceptance data for it (nor a stand-in)."""
+    spec = METHODS[method] if isinstance(method, str) and method in METHODS else \
+        spec_from_method(method) if isinstance(method, dict) else method
+    if not isinstance(spec, MethodSpec):
+        raise PlanError(f"method={method}: not a method the planner knows ({', '.join(METHODS)}) nor a method config")
+    shape = load_shape(model)
+    _check(ctx, batch, shape)
+    prof = load_profile(profile)
+    dtypes = dtypes or Dtypes()
+    if spec.drafter == "none":
+        return predict(spec, shape, ctx, batch, prof, dtypes, 0, None)
+    acc = acceptance if isinstance(acceptance, Acceptance) else load_acceptance(acceptance)
+    curve = _curve(acc, spec, ctx, data)
+    if curve is None:
+        return None
+    d = load_shape(drafter) if drafter is not None else None
+    ks = [k] if k else range(1, curve.max_k + 1)
+    return max((predict(spec, shape, ctx, batch, prof, dtypes, kk, curve, d) for kk in ks), key=lambda p: p.speedup)
+
+
+__all__ = ["METHODS", "MethodSpec", "PlanError", "Prediction", "ShapeError", "best", "plan", "planned", "predict",
+           "spec_from_method"]
