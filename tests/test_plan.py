@@ -167,6 +167,9 @@ def test_profile_from_a_probe_recovers_its_rates():
     assert p.attention[1] == pytest.approx(attn)
     assert p.step_overhead_ms == pytest.approx(overhead)
     assert p.compute("bfloat16") == pytest.approx(989e12)  # the H100's datasheet figure
+    again = from_dict(json.loads(p.to_json()), "saved")  # a saved probe profile loads back the same
+    assert again.attention == pytest.approx(p.attention) and again.source == "probe"
+    assert from_dict(probe, "probe.json").bandwidth_gbs == gemv  # a probe.json is read as one
 
 
 def load_shape_config(name):

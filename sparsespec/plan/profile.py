@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparsespec.plan.cost import Op
+from sparsespec.plan.cost import Op, kv_bytes, weight_bytes
+from sparsespec.plan.shapes import from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "results" / "profiles"
@@ -137,10 +138,9 @@ def from_dict(d: dict[str, Any], where: str = "<dict>") -> DeviceProfile:
         return from_probe(d, where)
     _need(d, "bandwidth_gbs", where, "add the read bandwidth in GB/s, or measure a profile with "
           "`python -m sparsespec.plan.profile --measure --out FILE`")
-    if not d.get("compute_tflops") and not all(d.get(k) for k in KINDS):
-        raise ProfileError(f"profile={where}: no compute_tflops and no measured tables for "
-                           f"{', '.join(k for k in KINDS if not d.get(k))}; add compute_tflops "
-                           "({\"bfloat16\": TFLOP/s}) or measure the tables with --measure")
+    if not d.get("compute_tflops") and not any(d.get(k) for k in KINDS):
+        raise ProfileError(f"profile={where}: no compute_tflops and no measured tables ({', '.join(KINDS)}); add "
+                           "compute_tflops ({\"bfloat16\": TFLOP/s}) or measure the tables with --measure")
     known = set(DeviceProfile.__dataclass_fields__)
     try:
         return DeviceProfile(**{k: v for k, v in d.items() if k in known})
@@ -227,9 +227,6 @@ def from_probe(probe: dict[str, Any], where: str = "probe.json") -> DeviceProfil
     verification passes and the recall update grow between the probe's two contexts (Llama-3.1-8B's
     shape in bfloat16); the ar step's remainder as host overhead per step. Compute from the GPU's
     datasheet where it is one of DATASHEETS."""
-    from sparsespec.plan.cost import kv_bytes
-    from sparsespec.plan.shapes import from_config
-
     ceil = probe.get("ceilings") or {}
     gemv = (ceil.get("gemv_bf16") or {}).get("gb_s")
     if not gemv:
@@ -249,7 +246,6 @@ def from_probe(probe: dict[str, Any], where: str = "probe.json") -> DeviceProfil
 
     attention = {n: rate(k) for n, k in ((1, "ar_step"), (5, "verify_5"), (21, "verify_21"))}
     index = {5: rate("recall_update", 0.5)}
-    from sparsespec.plan.cost import weight_bytes
     w = weight_bytes(shape, dtype)
     overhead = a["ar_step"]["wall_ms"] - 1e3 * (w / (gemv * 1e9) + kv_bytes(shape, a["ctx"], dtype) / (attention[1] * 1e9)) \
         if attention[1] else 0.0
