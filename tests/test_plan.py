@@ -43,6 +43,9 @@ def test_weight_and_kv_bytes_of_a_tiny_shape_by_hand():
     # int4 group 32: half a byte a weight + a (scale, zero) pair per group; rows padded to 16 (100 -> 112)
     layer = (128 * 32 + 2 * 128 * 4) + (64 * 32 + 2 * 64 * 4) + (256 * 32 + 2 * 256 * 4) + (64 * 64 + 4 * 64 * 4)
     assert cost.weight_bytes(s, "int4") == 2 * layer + 112 * 32 + 2 * 112 * 4 + 1280
+    # the CPU kernel's GGUF blocks: Q8_0 a float16 scale per 32 weights, Q4_1 a scale and a minimum
+    assert cost.matrix_bytes(64, 128, "int8", blocks=True) == 64 * 128 + 64 * 4 * 2
+    assert cost.matrix_bytes(100, 64, "int4", blocks=True) == 100 * 32 + 100 * 2 * 4
     assert cost.kv_bytes(s, 10, "float32") == 2 * 2 * 2 * 16 * 10 * 4
     assert cost.kv_bytes(s, 10, "int8") == 2 * 2 * 2 * 16 * 10 + 2 * 2 * 2 * 4 * 10  # + a float32 scale a row
 
@@ -64,7 +67,11 @@ def test_linear_bytes_agree_with_the_engine_count(family, fmt):
 
     model = tiny_lm(family, vocab=100, intermediate_size=128)
     shape = from_config(tiny_config(family, vocab=100, intermediate_size=128).to_dict(), family)
-    ours = cost.weight_bytes(shape, "float32" if fmt == "fp" else fmt, norms="float32") - shape.norm_params * 4
+    # on the CPU the engine may hold int8 / int4 as GGUF blocks for its own kernel
+    layout = getattr(quantized, "block_format", None)
+    blocks = layout is not None and layout(fmt, 32, "cpu", model.dtype, 64) is not None
+    ours = cost.weight_bytes(shape, "float32" if fmt == "fp" else fmt, norms="float32", blocks=blocks) \
+        - shape.norm_params * 4
     assert ours == quantized.linear_bytes(model, fmt, fmt, 32)
 
 

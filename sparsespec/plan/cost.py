@@ -46,6 +46,7 @@ class Dtypes:
     draft_head: str | None = None
     draft_kv: str | None = None
     group: int = 32
+    blocks: bool = False  # int8 / int4 drafts held as GGUF blocks (Q8_0 / Q4_1) for the CPU kernel
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", dtype_name(self.weights, "weights", KV_FORMATS))
@@ -77,10 +78,15 @@ class Op:
     reads: str = "kv"
 
 
-def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None = None) -> float:
-    """Bytes one product reads of an (out, in) weight held in `fmt`, with a bias in dtype `bias`."""
+def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None = None, blocks: bool = False) -> float:
+    """Bytes one product reads of an (out, in) weight held in `fmt`, with a bias in dtype `bias`.
+    `blocks`: int8 and int4 (groups of 32) as the GGUF blocks the project's CPU kernel reads for a
+    float32 target (Q8_0: a float16 scale per 32 weights; Q4_1: a float16 scale and minimum), where
+    the inputs are a multiple of 32; else as torch's packed ops hold them."""
     fmt = dtype_name(fmt)
     extra = out * DTYPE_BYTES[dtype_name(bias)] if bias else 0
+    if blocks and inp % 32 == 0 and (fmt == "int8" or (fmt == "int4" and group == 32)):
+        return out * inp // (2 if fmt == "int4" else 1) + out * (inp // 32) * (4 if fmt == "int4" else 2) + extra
     if fmt == "int8":
         return out * inp + out * 2 + extra
     if fmt == "int4":
@@ -90,7 +96,7 @@ def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None
 
 
 def weight_bytes(shape: ModelShape, fmt: str = "float32", head: str | None = None, group: int = 32,
-                 norms: str | None = None) -> float:
+                 norms: str | None = None, blocks: bool = False) -> float:
     """What one forward reads of the weights: every layer's linear layers in `fmt`, the lm_head in
     `head` (None: `fmt`) and the norms in `norms`, the model's own dtype (None: `fmt` where it is a
     float dtype, else float32). A bias is in the model's dtype where `fmt` is it, else float32 (a
@@ -101,8 +107,8 @@ def weight_bytes(shape: ModelShape, fmt: str = "float32", head: str | None = Non
     bias = own if dtype_name(fmt) == own else "float32"
     total = 0.0
     for i, (out, inp) in enumerate(shape.layer_matrices):
-        total += shape.layers * matrix_bytes(out, inp, fmt, group, bias if shape.qkv_bias and i == 0 else None)
-    total += matrix_bytes(shape.vocab, shape.hidden, head, group)
+        total += shape.layers * matrix_bytes(out, inp, fmt, group, bias if shape.qkv_bias and i == 0 else None, blocks)
+    total += matrix_bytes(shape.vocab, shape.hidden, head, group, blocks=blocks)
     return total + shape.norm_params * DTYPE_BYTES[own]
 
 
@@ -123,10 +129,10 @@ def attention_flops(shape: ModelShape, rows: int, tokens: int) -> float:
 
 
 def forward(shape: ModelShape, rows: int, tokens: int, batch: int, weights: str, head: str, kv: str,
-            group: int = 32, norms: str | None = None) -> list[Op]:
+            group: int = 32, norms: str | None = None, blocks: bool = False) -> list[Op]:
     """One forward of `rows` new tokens per sequence for `batch` sequences, each attending over
     `tokens` cached tokens in `kv`, with the weights in `weights` (lm_head in `head`)."""
-    return [Op("linear", weight_bytes(shape, weights, head, group, norms), linear_flops(shape, rows * batch),
+    return [Op("linear", weight_bytes(shape, weights, head, group, norms, blocks), linear_flops(shape, rows * batch),
                rows * batch, 1, "weights"),
             Op("attention", kv_bytes(shape, tokens, kv), attention_flops(shape, rows, tokens), rows, batch, "kv")]
 
@@ -147,14 +153,14 @@ def draft_step(shape: ModelShape, view_tokens: int, batch: int = 1, dtypes: Dtyp
     """A self-draft step: the target's weights in the draft's formats, attention over the view."""
     d = dtypes or Dtypes()
     w, head, kv = d.draft()
-    return forward(shape, 1, view_tokens, batch, w, head, kv, d.group, norms=d.weights)
+    return forward(shape, 1, view_tokens, batch, w, head, kv, d.group, norms=d.weights, blocks=d.blocks)
 
 
 def model_draft_step(drafter: ModelShape, tokens: int, batch: int = 1, dtypes: Dtypes | None = None) -> list[Op]:
     """A step of a separate drafter model over `tokens` of its own cache, in the draft's formats."""
     d = dtypes or Dtypes()
     w, head, kv = d.draft()
-    return forward(drafter, 1, tokens, batch, w, head, kv, d.group, norms=d.weights)
+    return forward(drafter, 1, tokens, batch, w, head, kv, d.group, norms=d.weights, blocks=d.blocks)
 
 
 def view_gather(shape: ModelShape, view_tokens: int, batch: int = 1, kv: str = "float32") -> list[Op]:

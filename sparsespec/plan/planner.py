@@ -134,8 +134,10 @@ def predict(spec: MethodSpec, shape: ModelShape, ctx: int, batch: int, profile: 
                           {"step": t_ar * 1e3})
     if curve is None:
         raise PlanError(f"method {spec.name}: no acceptance curve")
+    # the CPU kernel holds a float32 target's int8 / int4 drafts as GGUF blocks (models/quantized.py)
     d = replace(dtypes, draft_weights=spec.draft_weights or dtypes.draft_weights,
-                draft_kv=spec.draft_kv or dtypes.draft_kv)
+                draft_kv=spec.draft_kv or dtypes.draft_kv,
+                blocks=dtypes.blocks or (profile.device == "cpu" and dtypes.weights == "float32"))
     b = _buckets()
     parts: dict[str, float] = {}
     accepted = curve.accepted(k)

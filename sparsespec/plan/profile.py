@@ -54,6 +54,7 @@ class DeviceProfile:
     name: str
     source: str  # measured | probe | datasheet
     bandwidth_gbs: float  # a plain read of a large buffer
+    device: str = "cuda"  # cpu | cuda: which draft weight layouts the engine uses there
     compute_tflops: dict[str, float] = field(default_factory=dict)  # dense products, by dtype
     linear: dict[int, float] = field(default_factory=dict)  # rows -> GB/s of weights read by a product
     attention: dict[int, float] = field(default_factory=dict)  # rows -> GB/s of one sequence's K/V
@@ -211,7 +212,7 @@ def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path:
     prov = skinny.get("provenance", {})
     cpu = f"{prov.get('cpu', 'CPU')}, {prov.get('threads', '?')} threads"
     return DeviceProfile(
-        name=name or f"{cpu} (products: {linear_path}, attention: {attention_path})", source="measured",
+        name=name or f"{cpu} (products: {linear_path}, attention: {attention_path})", source="measured", device="cpu",
         bandwidth_gbs=bandwidth, linear=linear, attention=med["attention"], index=med["index refresh"],
         round_overhead_ms=round_overhead_ms, lookup_ns_per_token=lookup_ns_per_token or {},
         notes="tables from the committed microbenchmarks (their commands in provenance); the products' and "
