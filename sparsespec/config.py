@@ -235,15 +235,20 @@ def _part(key: str, node: Any, **extra: Any) -> Any:
 
 def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> None:
     """Everything evaluate.py can check without a model. Raises ConfigError."""
-    from sparsespec.data.registry import LOADERS, loader_options
+    from sparsespec.data import DatasetError, loader_options
     from sparsespec.eval.settings import EvaluateConfig
 
     check_settings(cfg, EvaluateConfig)
     for mc in method_cfgs if method_cfgs is not None else [cfg.method]:
         check_method(mc)
     name = cfg.dataset.name
-    choice("dataset.name", name, tuple(LOADERS))
-    known = loader_options(name)
+    try:  # the loader imports, and its options are known, before any model loads
+        known = loader_options(cfg.dataset._target_)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from None
+    package, _, module = str(cfg.dataset._target_).removesuffix(".load").rpartition(".")
+    if package == "sparsespec.data":  # rows and messages name a package dataset by its loader's module
+        choice("dataset.name", name, (module,))
     for key in cfg.dataset.get("options") or {}:
         if key not in known:
             raise ConfigError(f"dataset.options.{key} is not an option of dataset={name}{close(str(key), known)}; "
@@ -267,7 +272,7 @@ def _check_trainer(tc: Any) -> None:
     )
     from omegaconf import OmegaConf
 
-    from sparsespec.checks import choice, non_negative, number
+    from sparsespec.checks import non_negative, number
 
     allowed = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
     plain = OmegaConf.to_container(tc, resolve=False) if OmegaConf.is_config(tc) else dict(tc or {})

@@ -666,19 +666,21 @@ def test_dataset_configs_match_their_loaders():
     from hydra import compose, initialize_config_dir
 
     from sparsespec.config import register_configs
-    from sparsespec.data import LOADERS, loader_options
+    from sparsespec.data import built_in, loader_options, resolve_loader
 
     register_configs()
     conf = Path(__file__).resolve().parents[1] / "conf"
     names = sorted(p.stem for p in (conf / "dataset").glob("*.yaml"))
-    assert names == sorted(LOADERS)
+    assert names == sorted(built_in())  # the package's loaders are its modules with a load(), each with a config
     with initialize_config_dir(str(conf), version_base="1.3"):
         for name in names:
             d = compose("evaluate", overrides=[f"dataset={name}"]).dataset
-            assert d.name == name
-            params = inspect.signature(LOADERS[name]).parameters
+            assert d.name == name and d._target_ == f"sparsespec.data.{name}.load"
+            loader = resolve_loader(d._target_)
+            assert loader is resolve_loader(name)
+            params = inspect.signature(loader).parameters
             options = dict(d.options)
-            assert set(options) <= set(loader_options(name)), name
+            assert set(options) <= set(loader_options(d._target_)), name
             for key, value in options.items():
                 assert value == params[key].default, f"conf/dataset/{name}.yaml options.{key}"
         # so a loader option is set on the command line without a leading '+'

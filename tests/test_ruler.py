@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sparsespec.data import DatasetError, haystacks, load_samples, ruler, score
-from sparsespec.data.registry import loader_options
+from sparsespec.data import DatasetError, haystacks, load_samples, loader_options, ruler, score
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"

@@ -18,11 +18,12 @@ from __future__ import annotations
 import random
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from sparsespec.data import metrics, synthetic
 from sparsespec.data.base import DatasetError, Sample
-from sparsespec.data.prompts import Frame, chat_template_active, encode, fit_text, make_frame
+from sparsespec.data.prompts import Frame, Prompt, chat_template_active, encode, fit_prompts, make_frame
 from sparsespec.data.sources import load_rows, pick_task_files, resolve, row_error
 
 HUB_ID = "xinrongzhang2022/InfiniteBench"
@@ -257,19 +258,16 @@ def _from_rows(
     )
     tmpl = _templates(tokenizer, use_chat_template, template)[task]
     frame = make_frame(tokenizer, use_chat_template)
-    samples = []
+    return fit_prompts(_prompts(rows, task, tmpl), "infinitebench", task, tokenizer, ctx, frame, limit)
+
+
+def _prompts(rows: list[dict], task: str, tmpl: str) -> Iterator[Prompt]:
     for i, row in enumerate(rows):
-        if limit is not None and len(samples) >= limit:
-            break
         answers = _answers(row, i, task)
         if not isinstance(row["context"], str) or not isinstance(row["input"], str):
             raise row_error(row, i, "fields 'context' and 'input' must be strings")
-        fitted = fit_text(tokenizer, _format(row, task, tmpl), ctx, frame)
-        meta = {"truncated": fitted.truncated, "natural_tokens": fitted.natural_tokens, "chat_template": frame.chat}
-        if task in CHOICE_TASKS:
-            meta["choices"] = dict(zip("ABCD", row["options"], strict=True))
-        samples.append(Sample(f"infinitebench/{task}/{row['id']}", "infinitebench", task, fitted.ids, answers, MAX_NEW_TOKENS[task], meta))
-    return samples
+        meta = {"choices": dict(zip("ABCD", row["options"], strict=True))} if task in CHOICE_TASKS else {}
+        yield Prompt(f"infinitebench/{task}/{row['id']}", _format(row, task, tmpl), answers, MAX_NEW_TOKENS[task], meta)
 
 
 def load(

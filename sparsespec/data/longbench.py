@@ -12,12 +12,12 @@ file) as ``dataset.path``. LongBench-E subsets are the task names with ``_e``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sparsespec.data import metrics
 from sparsespec.data.base import DatasetError, Sample
-from sparsespec.data.prompts import fit_text, make_frame
+from sparsespec.data.prompts import Prompt, fit_prompts, make_frame
 from sparsespec.data.sources import Source, load_rows, pick_task_files, resolve, row_error
 
 HUB_ID = "THUDM/LongBench"
@@ -179,10 +179,11 @@ def load(
     task = check_task(task)
     base = base_task(task)
     frame = make_frame(tokenizer, use_chat_template and base not in NO_CHAT_TEMPLATE)
-    samples: list[Sample] = []
-    for i, row in enumerate(_rows(path, task, split)):
-        if limit is not None and len(samples) >= limit:
-            break
+    return fit_prompts(_prompts(_rows(path, task, split), task, base), "longbench", task, tokenizer, ctx, frame, limit)
+
+
+def _prompts(rows: Iterable[dict], task: str, base: str) -> Iterator[Prompt]:
+    for i, row in enumerate(rows):
         answers = row["answers"]
         if isinstance(answers, str):
             answers = [answers]
@@ -193,18 +194,9 @@ def load(
                 raise row_error(row, i, f"field {key!r} must be a string, got {type(row[key]).__name__}")
         if base in CLASSIFICATION and not row.get("all_classes"):
             raise row_error(row, i, f"field 'all_classes' must list the classes for {base}")
-        prompt = DATASET2PROMPT[base].format(context=row["context"], input=row["input"])
-        fitted = fit_text(tokenizer, prompt, ctx, frame)
-        meta = {
-            "truncated": fitted.truncated,
-            "natural_tokens": fitted.natural_tokens,
-            "chat_template": frame.chat,
-            "all_classes": row.get("all_classes"),
-            "length": row.get("length"),
-            "language": row.get("language"),
-        }
-        samples.append(Sample(f"longbench/{task}/{row['_id']}", "longbench", task, fitted.ids, list(answers), DATASET2MAXLEN[base], meta))
-    return samples
+        meta = {k: row.get(k) for k in ("all_classes", "length", "language")}
+        yield Prompt(f"longbench/{task}/{row['_id']}", DATASET2PROMPT[base].format(context=row["context"], input=row["input"]),
+                     list(answers), DATASET2MAXLEN[base], meta)
 
 
 def score(sample: Sample, prediction: str) -> float | None:

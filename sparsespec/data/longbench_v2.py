@@ -10,11 +10,12 @@ same fields.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from sparsespec.data.base import DatasetError, Sample
 from sparsespec.data.metrics import extract_choice
-from sparsespec.data.prompts import fit_text, make_frame
+from sparsespec.data.prompts import Prompt, fit_prompts, make_frame
 from sparsespec.data.sources import Source, load_rows, resolve, row_error
 
 HUB_ID = "THUDM/LongBench-v2"
@@ -55,6 +56,19 @@ def _filters(task: str | None) -> list[tuple[str, str]]:
     return out
 
 
+def _prompts(rows: list[dict], task: str | None) -> Iterator[Prompt]:
+    for i, row in enumerate(rows):
+        answer = str(row["answer"]).strip()
+        if answer not in CHOICES:
+            raise row_error(row, i, f"field 'answer' must be one of A, B, C, D, got {row['answer']!r}")
+        for key in REQUIRED[1:]:
+            if not isinstance(row[key], str):
+                raise row_error(row, i, f"field {key!r} must be a string, got {type(row[key]).__name__}")
+        meta = {"choices": {c: row[f"choice_{c}"] for c in CHOICES},
+                **{k: row.get(k) for k in ("domain", "sub_domain", "difficulty", "length")}}
+        yield Prompt(f"longbench_v2/{row['_id']}", build_prompt(row), [answer], MAX_NEW_TOKENS, meta)
+
+
 def load(
     tokenizer: Any,
     ctx: int,
@@ -79,25 +93,7 @@ def load(
             )
     rows = [r for r in rows if all(r.get(f) == v for f, v in filters)]
     frame = make_frame(tokenizer, use_chat_template)
-    samples: list[Sample] = []
-    for i, row in enumerate(rows):
-        if limit is not None and len(samples) >= limit:
-            break
-        answer = str(row["answer"]).strip()
-        if answer not in CHOICES:
-            raise row_error(row, i, f"field 'answer' must be one of A, B, C, D, got {row['answer']!r}")
-        for key in REQUIRED[1:]:
-            if not isinstance(row[key], str):
-                raise row_error(row, i, f"field {key!r} must be a string, got {type(row[key]).__name__}")
-        fitted = fit_text(tokenizer, build_prompt(row), ctx, frame)
-        meta = {
-            "truncated": fitted.truncated,
-            "natural_tokens": fitted.natural_tokens,
-            "chat_template": frame.chat,
-            "choices": {c: row[f"choice_{c}"] for c in CHOICES},
-            **{k: row.get(k) for k in ("domain", "sub_domain", "difficulty", "length")},
-        }
-        samples.append(Sample(f"longbench_v2/{row['_id']}", "longbench_v2", task, fitted.ids, [answer], MAX_NEW_TOKENS, meta))
+    samples = fit_prompts(_prompts(rows, task), "longbench_v2", task, tokenizer, ctx, frame, limit)
     if not samples and filters:
         raise DatasetError(f"{source.label}: no row matches dataset.task={task!r}")
     return samples

@@ -18,10 +18,11 @@ budget first, so the wrapped prompt still fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from sparsespec.data.base import DatasetError
+from sparsespec.data.base import DatasetError, Sample
 
 # Stands in for the user message while the chat template is rendered; the text around it is the
 # template's own. It has no whitespace so templates that trim the content keep it whole.
@@ -138,6 +139,35 @@ def fit_text(tokenizer: Any, text: str, ctx: int, frame: Frame) -> Fitted:
     natural = len(ids) + frame.overhead
     truncated = len(ids) > budget
     return Fitted(frame.wrap(middle_truncate(ids, budget)), natural, truncated)
+
+
+@dataclass
+class Prompt:
+    """What a QA loader makes of one row: the prompt text to fit, and the sample's own fields."""
+
+    sample_id: str
+    text: str
+    answers: list[str] | None
+    max_new_tokens: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def fit_prompts(prompts: Iterable[Prompt], dataset: str, task: str | None, tokenizer: Any, ctx: int, frame: Frame,
+                limit: int | None = None) -> list[Sample]:
+    """The first ``limit`` prompts fitted to ``ctx`` inside ``frame`` (fit_text), as samples whose
+    meta records the truncation and the chat template. Prompts are drawn one at a time, so a bad row
+    past the limit is never read."""
+    samples: list[Sample] = []
+    rows = iter(prompts)
+    while limit is None or len(samples) < limit:
+        p = next(rows, None)
+        if p is None:
+            break
+        fitted = fit_text(tokenizer, p.text, ctx, frame)
+        meta = {"truncated": fitted.truncated, "natural_tokens": fitted.natural_tokens, "chat_template": frame.chat,
+                **p.meta}
+        samples.append(Sample(p.sample_id, dataset, task, fitted.ids, p.answers, p.max_new_tokens, meta))
+    return samples
 
 
 def take_tokens(tokenizer: Any, text: str, n: int, start_char: int = 0) -> list[int]:

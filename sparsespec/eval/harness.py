@@ -19,6 +19,7 @@ plots) are written under a short second lock, and the summary covers every resul
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -87,11 +88,20 @@ def run_fingerprint(cfg: DictConfig, ctx: int, device: torch.device, dtype: torc
     model = {**OmegaConf.to_container(cfg.model, resolve=True), "device": device.type, "dtype": str(dtype)[6:]}
     return {
         "model": model,
-        "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "dataset": _dataset_fingerprint(cfg.dataset),
         "ctx": ctx,
         "gen": OmegaConf.to_container(cfg.gen, resolve=True),
         "drafter": OmegaConf.to_container(cfg.drafter, resolve=True),
     }
+
+
+def _dataset_fingerprint(dataset: DictConfig) -> dict:
+    """The dataset's settings; a package dataset's own loader is implied by its name, so out_dirs
+    written before datasets named their loader keep resuming."""
+    d = OmegaConf.to_container(dataset, resolve=True)
+    if d.get("_target_") == f"sparsespec.data.{d.get('name')}.load":
+        del d["_target_"]
+    return d
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -197,7 +207,7 @@ def lock_results(out_dir: Path, results_path: Path) -> RunLock:
 
 def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: str | None,
               locks: list[RunLock]) -> Path:
-    from sparsespec.data import DatasetError, load_samples, score
+    from sparsespec.data import DatasetError, load_samples, score, scorer
     from sparsespec.models.loading import ModelLoadError, check_same_tokenizer, load_model
 
     # -- validate everything that needs no model ----------------------------------------------------
@@ -264,9 +274,10 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
     tokenizer = loaded.tokenizer
     d = cfg.dataset
     try:
-        samples = load_samples(d.name, tokenizer, ctx, path=d.path, task=d.task, limit=cfg.limit,
+        samples = load_samples(d._target_, tokenizer, ctx, path=d.path, task=d.task, limit=cfg.limit,
                                split=d.split, seed=int(cfg.gen.seed), use_chat_template=d.use_chat_template,
                                **dict(d.options or {}))
+        metric = functools.partial(score, metric=scorer(d._target_))
     except DatasetError as e:
         raise EvaluationError(str(e)) from e
     except OSError as e:  # a file that exists but cannot be read (permissions, a device, ...)
@@ -335,7 +346,7 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
             rows = _run_batch(method, pending, target, drafter_model, n_new, sampling, cfg, eos, chunk, show, shared)
             for sample, row in zip(pending, rows, strict=True):
                 _finish_row(row, sample, method, ctx, results.done(sample.sample_id, "ar"), sampling, tokenizer,
-                            stop_ids, score)
+                            stop_ids, metric)
                 results.append(row)
                 bar.update(1)
                 if row.get("exact_match_ar") is False:

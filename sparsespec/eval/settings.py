@@ -36,8 +36,9 @@ class ModelConfig:
 
 @dataclass
 class DatasetConfig:
-    # the base of every conf/dataset/*.yaml, which sets name, path, task and options
-    name: str = MISSING
+    # the base of every conf/dataset/*.yaml (a user's too), which sets _target_, name, path, task and options
+    _target_: str = MISSING  # the loader: a function load(tokenizer, ctx, *, path, task, limit, ...) (data/loading.py)
+    name: str = MISSING  # the dataset's label in messages and the default out_dir
     path: str | None = None
     task: str | None = None
     split: str = "test"
