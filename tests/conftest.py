@@ -9,6 +9,7 @@ tested in float32, and TF32 rounds the products' inputs to 10 mantissa bits.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +66,40 @@ def family(request) -> str:
 def random_prompt(n: int, seed: int = 0, vocab: int = VOCAB) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# built once per test process and shared by every file: the tiny model directories on disk
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def harness_env(tmp_path_factory) -> dict:
+    """The evaluation harness's tiny target and drafter directories and its documents (helpers.make_harness_env)."""
+    from helpers import doc, make_harness_env
+
+    env = make_harness_env(tmp_path_factory.mktemp("harness"))
+    assert len(env["tok"](doc(0))["input_ids"]) > 1100
+    return env
+
+
+@pytest.fixture(scope="session")
+def training_env(tmp_path_factory) -> dict:
+    """The training tests' tiny target directory and corpus (helpers.make_env)."""
+    from helpers import make_env
+
+    return make_env(tmp_path_factory.mktemp("training"))
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch) -> Path:
+    """The package's caches (models, teacher targets, the LATEST pointer), datasets' Arrow cache and
+    W&B inside the test's tmp_path; the compiled kernels shared (helpers.isolated_cache)."""
+    import datasets
+    from helpers import isolated_cache
+
+    cache = isolated_cache(tmp_path / "cache")
+    monkeypatch.setenv("SPARSESPEC_CACHE", str(cache))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    return cache

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_prompt, tiny_lm
-from test_exactness import drafters, engine
+from helpers import drafters, engine
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 

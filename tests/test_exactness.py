@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_prompt, tiny_lm
+from helpers import drafters, engine
 
 from sparsespec.config import load_method
 from sparsespec.decoding.controllers import EntropyController, FixedK
@@ -14,32 +15,6 @@ from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.kernels import cpu_attention
 from sparsespec.kv.policies import FullKV, StreamingKV
 from sparsespec.kv.recall import RecallIndex
-
-
-def drafters(family):
-    small = tiny_lm(family, seed=7, layers=1)
-    return {
-        "self_full": lambda: SelfDrafter(FullKV()),
-        "magicdec_b24": lambda: SelfDrafter(StreamingKV(budget=24, k_sink=4)),
-        "magicdec_r10": lambda: SelfDrafter(StreamingKV(ratio=0.10, k_sink=2)),
-        "recall_r10_w16": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, window=16)),
-        "recall_r30_w4": lambda: SelfDrafter(RecallIndex(ratio=0.30, k_sink=4, k_recent=8, window=4)),
-        "recall_r10_every3": lambda: SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4, refresh_every=3)),
-        "snapkv": lambda: SelfDrafter(RecallIndex(budget=32, k_sink=4, k_recent=8, refresh=False)),
-        "sd": lambda: ModelDrafter(small, FullKV()),
-        "sd_sparse_b16": lambda: ModelDrafter(small, StreamingKV(budget=16, k_sink=2), prefill_chunk=50),
-        # unigrams recur in a 64-token vocabulary, so these really draft by lookup (asserted below)
-        "lookup1": lambda: (None, PromptLookup(1)),
-        "lookup1_sd_sparse": lambda: (ModelDrafter(small, StreamingKV(budget=16, k_sink=2)), PromptLookup(1)),
-        "lookup1_recall": lambda: (SelfDrafter(RecallIndex(ratio=0.10, k_sink=2, k_recent=4)), PromptLookup(1)),
-    }
-
-
-def engine(target, made, controller) -> SpeculativeEngine:
-    """An engine from a factory's drafter, or its (drafter, prompt lookup) pair."""
-    drafter, lookup = made if isinstance(made, tuple) else (made, None)
-    return SpeculativeEngine(target, drafter, controller, lookup=lookup)
-
 
 FAMILY_PROMPTS = [("llama", 120, 0), ("qwen2", 333, 1), ("qwen3", 200, 2)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_loading import tiny_tokenizer
+from helpers import tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc peak memory")

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_tokenizer
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from sparsespec.models import embedded
@@ -29,25 +29,8 @@ from sparsespec.models.loading import (
     load_tokenizer,
 )
 
-SENTENCES = [
-    "the quick brown fox jumps over the lazy dog",
-    "a speculative decoder drafts tokens and the target verifies them",
-    "long context models need scaled rotary embeddings",
-    "hello world, this is a tiny tokenizer for tests",
-]
 MAX_POS = 256
 PROMPT = "the lazy fox verifies tokens"
-
-
-def tiny_tokenizer(sentences: list[str] = SENTENCES, vocab_size: int = 300) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(sentences, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
 
 
 def tiny_model(vocab: int, tie: bool = False, seed: int = 0) -> LlamaForCausalLM:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import VOCAB, random_prompt, tiny_config
-from test_runner import assert_blocks_match_transformers
+from helpers import assert_blocks_match_transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, MistralConfig, PreTrainedTokenizerFast
 

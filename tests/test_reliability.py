@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_prompt, tiny_hf
-from hydra import compose, initialize_config_dir
+from helpers import ROOT, compose_cfg, overrides, tiny_target
+from helpers import text as _text
 from lightning.pytorch.callbacks import Callback
-from test_training import CONF, _text, make_env, overrides, tiny_target
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sparsespec.config import ConfigError, register_configs, validate_evaluate_config, validate_train_config
@@ -27,27 +27,13 @@ from sparsespec.models.runner import CausalLM
 from sparsespec.training.data import DraftDataModule, ResumableLoader
 from sparsespec.training.teacher import Teacher, TeacherCacheError, model_fingerprint
 
-ROOT = Path(__file__).resolve().parents[1]
 register_configs()
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
-def compose_cfg(name: str, ovr: list[str]):
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose(name, overrides=ovr)
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    import datasets
-
-    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return make_env(tmp_path_factory.mktemp("reliability"))
+@pytest.fixture
+def env(training_env):
+    return training_env
 
 
 @pytest.fixture

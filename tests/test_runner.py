@@ -3,26 +3,12 @@
 import pytest
 import torch
 from conftest import random_prompt, tiny_hf
+from helpers import assert_blocks_match_transformers
 
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import attention_mass, causal_block_mask
 from sparsespec.models.attention import attend
 from sparsespec.models.runner import CausalLM
-
-
-def assert_blocks_match_transformers(hf) -> None:
-    """90 tokens as a prefill, then decode- and verification-sized blocks, against one HF forward."""
-    ids = torch.tensor(random_prompt(90))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-    lm = CausalLM(hf)
-    cache = lm.new_cache(capacity=8)  # forces several capacity doublings
-    out, start = [], 0
-    for n in (70, 1, 2, 5, 12):
-        out.append(lm.forward(ids[start : start + n], cache))
-        start += n
-    torch.testing.assert_close(torch.cat(out), ref, atol=2e-5, rtol=1e-4)
-    assert cache.length == 90
 
 
 def test_logits_match_transformers_block_by_block(family):

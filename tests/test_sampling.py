@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import random_prompt, tiny_lm
+from helpers import BATCH, TV_BOUND, exact_marginals, tv
 
 from sparsespec.decoding.controllers import EntropyController, FixedK
 from sparsespec.decoding.drafters import ModelDrafter, PromptLookup, SelfDrafter
@@ -11,10 +12,6 @@ from sparsespec.decoding.sampling import Sampling
 from sparsespec.decoding.verify import accept_speculative
 from sparsespec.kv.policies import StreamingKV
 from sparsespec.kv.recall import RecallIndex
-
-
-def tv(a: torch.Tensor, b: torch.Tensor) -> float:
-    return 0.5 * float((a - b).abs().sum())
 
 
 def test_accept_speculative_emits_target_distribution():
@@ -49,33 +46,6 @@ def test_top_p_and_temperature_apply_to_both():
     kept = full[:2] / full[:2].sum()  # the top two reach 0.8 of the mass
     assert probs[2:].sum() == 0
     torch.testing.assert_close(probs[:2], kept)
-
-
-BATCH = 100  # sequences decoded together in the distribution tests
-
-
-def exact_marginals(target, prompt, steps, sampling):
-    """Exact per-position marginals of AR sampling by enumeration (tiny vocabulary)."""
-    V = target.vocab_size
-    marg = []
-    frontier = {(): 1.0}
-    for _ in range(steps):
-        m = torch.zeros(V)
-        nxt = {}
-        for seq, w in frontier.items():
-            cache = target.new_cache()
-            logits = target.prefill(torch.tensor(prompt + list(seq)), cache)[-1]
-            p = sampling.probs(logits).cpu()
-            m += w * p
-            for t in range(V):
-                if p[t] > 1e-4:
-                    nxt[seq + (t,)] = w * float(p[t])
-        marg.append(m)
-        frontier = nxt
-    return marg
-
-
-TV_BOUND = 0.06  # per-position total variation allowed between n = 1500 draws and the exact marginals
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 Two real evaluate.py processes, one per shard, at once into one out_dir give exactly the unsharded run's
 rows and a report over all of them; two processes with the same command into one out_dir: one runs, the
 other stops at once with the lock message and writes nothing; bad `shard` values and launcher
-environments; the split resolved from RANK/WORLD_SIZE and SLURM_ARRAY_TASK_ID/COUNT. The tiny model and
-helpers are tests/test_harness.py's.
+environments; the split resolved from RANK/WORLD_SIZE and SLURM_ARRAY_TASK_ID/COUNT. The tiny model is
+conftest.py's `harness_env`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-import test_harness
-from test_harness import ROOT, evaluate_cmd, pairs, run_evaluate, run_inproc, sub_env
+from helpers import ROOT, evaluate_cmd, pairs, run_evaluate, run_inproc, sub_env
 
 from sparsespec.eval.harness import EvaluationError
 from sparsespec.eval.results import (
@@ -38,9 +37,12 @@ LAUNCHER = ("RANK", "WORLD_SIZE", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT
             "SLURM_ARRAY_TASK_STEP")
 
 
-# test_harness's fixtures: the tiny model directory and documents (`env`), an isolated cache per test
-env = test_harness.env
-_isolated = test_harness._isolated
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+@pytest.fixture
+def env(harness_env):
+    return harness_env
 
 
 @pytest.fixture(autouse=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import sweep_points
 import yaml
+from helpers import isolated_cache, make_env
 from omegaconf import OmegaConf
-from test_training import make_env
 
 from sparsespec import sweeps, tracking
 
@@ -57,7 +57,7 @@ def agent_env(tmp: Path, run_id: str, mode: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_RUN_ID=run_id, SWEEP_RECORD=str(tmp / f"wandb-{run_id}.json"), WANDB_DIR=str(tmp / "wandb_dir"), WANDB_CONFIG_DIR=str(tmp / "wandb_cfg"),
                WANDB_CACHE_DIR=str(tmp / "wandb_cache"), NETRC=str(tmp / "no-netrc"),
-               SPARSESPEC_CACHE=str(tmp / "cache"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               SPARSESPEC_CACHE=str(isolated_cache(tmp / "cache")), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     (tmp / "wandb_dir").mkdir(parents=True, exist_ok=True)
     if mode:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import CONF, overrides, run_train, tiny_target
+from helpers import text as _text
+from helpers import training_tokenizer as make_tokenizer  # noqa: F401 (test_quantized_draft imports it from here)
 from hydra import compose, initialize_config_dir
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from sparsespec.checks import ConfigError
 from sparsespec.config import register_configs
@@ -30,82 +32,12 @@ from sparsespec.training.module import BudgetDraftModule, accepted_run
 from sparsespec.training.teacher import Teacher, model_fingerprint
 
 register_configs()  # the groups train.py registers (the drafter / budget / loss / corpus bases)
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
-WORDS = ("the river ferryman crossed story question answer book key pass value green sky blue sun "
-         "yellow grass there back again hidden text quiz chain read passages old man sea boat").split()
+pytestmark = pytest.mark.usefixtures("isolated")  # LATEST pointer, teacher cache, Arrow cache in tmp_path
 
 
-# ---------------------------------------------------------------------------------------------
-# fixtures: tokenizer, target directory, corpus
-# ---------------------------------------------------------------------------------------------
-
-
-def _text(seed: int, n: int = 600) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(WORDS) for _ in range(n)) + "."
-
-
-def make_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([_text(i) for i in range(5)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
-def tiny_target(vocab: int, seed: int = 0, layers: int = 3) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=0.25, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def make_env(root: Path, layers: int = 3, text_words: int = 600) -> dict:
-    """A tiny target directory (model + tokenizer) and a 4-document corpus under root."""
-    tok = make_tokenizer()
-    target = tiny_target(len(tok), layers=layers)
-    model_dir = root / "target"
-    target.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": _text(100 + i, text_words)}) + "\n" for i in range(4)))
-    return {"root": root, "tok": tok, "target": target, "model_dir": model_dir, "corpus": corpus}
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return make_env(tmp_path_factory.mktemp("training"))
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    # LATEST pointer, teacher cache and datasets' Arrow cache stay inside the test's tmp dir
-    import datasets
-
-    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
-
-
-def overrides(env, out: Path, *extra: str) -> list[str]:
-    return [f"model.path={env['model_dir']}", f"corpus.path={env['corpus']}", "corpus.seq_len=64", "corpus.n_train=4",
-            "corpus.n_val=1", "budget.values=[16,32]", "budget.eval_values=[16,32]", "budget.k_sink=4",
-            "trainer=debug", "trainer.precision=32-true", f"out_dir={out}", *extra]
-
-
-def run_train(ovr: list[str], command: str | None = None):
-    from sparsespec.training.run import train
-
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=ovr)
-    return train(cfg, command=command)
+@pytest.fixture
+def env(training_env):
+    return training_env
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,21 +21,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-import test_training
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_training import overrides, run_train
+from helpers import CONF, isolated_cache, overrides, run_train, tiny_target
 
 from sparsespec.training import teacher as teacher_mod
 from sparsespec.training.data import DraftDataModule
 from sparsespec.training.drafters import DrafterSpec
 from sparsespec.training.teacher import TargetTeacher, TeacherCache, model_fingerprint
 
-# test_training's fixtures, used here by name: the tiny target and corpus (module-scoped), and the
-# teacher cache / LATEST pointer kept inside each test's tmp dir (autouse)
-env = test_training.env
-_isolated_cache = test_training._isolated_cache
+pytestmark = pytest.mark.usefixtures("isolated")  # teacher cache and LATEST pointer inside each test's tmp dir
+
+
+@pytest.fixture
+def env(training_env):
+    return training_env
+
 
 HERE = Path(__file__).resolve()
 IDS = torch.arange(40).remainder(50)[None]  # fixed input for logit comparisons (vocabulary > 50)
@@ -251,7 +254,7 @@ def _ddp_main(model_dir: str, corpus: str, out: str) -> None:
 def test_train_py_under_lightning_ddp_two_cpu_processes(env, tmp_path):
     from sparsespec.models.loading import load_model
 
-    run_env = {**os.environ, "SPARSESPEC_CACHE": str(tmp_path / "cache"), "HF_DATASETS_CACHE": str(tmp_path / "hf"),
+    run_env = {**os.environ, "SPARSESPEC_CACHE": str(isolated_cache(tmp_path / "cache")), "HF_DATASETS_CACHE": str(tmp_path / "hf"),
                "WANDB_MODE": "offline", "PYTHONPATH": str(HERE.parent)}
     for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
         run_env.pop(k, None)
@@ -302,7 +305,6 @@ def test_each_rank_loads_the_target_onto_its_own_gpu(monkeypatch):
 def test_fsdp_wraps_the_drafters_decoder_layers_and_bf16_falls_back_where_unsupported(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
     from lightning.pytorch.strategies import FSDPStrategy
-    from test_training import CONF, tiny_target
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     from sparsespec.training.run import _strategy, _trainer_cfg
