@@ -578,23 +578,37 @@ def test_low_precision_speculative_run_warns_about_token_identity(env, tmp_path,
 
 def test_a_method_list_is_composed_per_method_not_merged_by_hydra(monkeypatch):
     """`method=[a,b]` would make Hydra merge both method files (their nested controller defaults
-    clash); evaluate.py takes the list and the `method.` overrides off the command line first."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        import evaluate
-    finally:
-        sys.path.remove(str(ROOT))
-    for name, value in (("METHOD_LIST", None), ("METHOD_OVERRIDES", []), ("ARGS", None)):
-        monkeypatch.setattr(evaluate, name, value)  # module state, restored after the test
+    clash); the command line is composed once per listed method, each override going to the methods
+    that have its key or group, read off their composed configs. sys.argv is left as it is."""
+    from sparsespec.config import ConfigError
+    from sparsespec.eval.cli import compose_run
+
     argv = ["evaluate.py", "ctx=4k", "method=[ar,magicdec,sparsespec_l]", "method.drafter.policy.ratio=0.2",
             "method/controller=fixed", "limit=1"]
-    assert evaluate.take_method_list(argv) == ["evaluate.py", "ctx=4k", "limit=1", "method=ar"]
-    assert evaluate.METHOD_LIST == ["ar", "magicdec", "sparsespec_l"]
-    assert evaluate.METHOD_OVERRIDES == ["method.drafter.policy.ratio=0.2", "method/controller=fixed"]
-    assert evaluate.ARGS == argv[1:]
-    monkeypatch.setattr(evaluate, "METHOD_LIST", None)
-    assert evaluate.take_method_list(["evaluate.py", "method=magicdec"]) == ["evaluate.py", "method=magicdec"]
-    assert evaluate.METHOD_LIST is None
+    monkeypatch.setattr(sys, "argv", list(argv))
+    run = compose_run(argv[1:])
+    assert sys.argv == argv
+    ar, md, sl = run.methods
+    assert [m.name for m in run.methods] == ["ar", "magicdec", "sparsespec_l"]
+    assert ar.drafter is None and ar.controller is None  # ar has neither key: left alone
+    assert md.drafter.policy.ratio == sl.drafter.policy.ratio == 0.2
+    assert sl.controller._target_.endswith("FixedK") and "candidates" not in sl.controller  # its group, switched
+    assert sl.drafter.policy._target_.endswith("RecallIndex") and md.drafter.policy._target_.endswith("StreamingKV")
+    assert run.cfg.ctx == "4k" and run.cfg.limit == 1 and "hydra" not in run.cfg
+    assert run.cfg.out_dir.endswith("/ctx=4k,limit=1,method=[ar,magicdec,sparsespec_l],"
+                                    "method.drafter.policy.ratio=0.2,method/controller=fixed")
+    assert run.command == ("python evaluate.py ctx=4k 'method=[ar,magicdec,sparsespec_l]' "
+                           "method.drafter.policy.ratio=0.2 method/controller=fixed limit=1")
+    # one method: the same path, its overrides applied
+    [one] = compose_run(["method=magicdec", "method.controller.k=6", "out_dir=x"]).methods
+    assert one.controller.k == 6
+    # an override no listed method takes: one line naming it, with the keys that are there
+    with pytest.raises(ConfigError, match=r"^method.drafter.policy.ratoi=0.5: no listed method \(ar, magicdec\)"):
+        compose_run(["method=[ar,magicdec]", "method.drafter.policy.ratoi=0.5"])
+    with pytest.raises(ConfigError, match=r"ratoi=0.5: magicdec has no such key \(did you mean ratio\?\)"):
+        compose_run(["method=magicdec", "method.drafter.policy.ratoi=0.5"])
+    with pytest.raises(ConfigError, match=r"^method/controller=fixed: ar has no such key"):
+        compose_run(["method=ar", "method/controller=fixed"])
 
 
 def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(env, tmp_path):
