@@ -219,14 +219,6 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
         sampling = Sampling(float(cfg.gen.temperature), float(cfg.gen.top_p))
     except ValueError as e:
         raise EvaluationError(str(e)) from e
-    if int(cfg.gen.max_new_tokens) <= 0:
-        raise EvaluationError(f"gen.max_new_tokens must be positive, got {cfg.gen.max_new_tokens}")
-    if cfg.limit is not None and int(cfg.limit) <= 0:
-        raise EvaluationError(f"limit must be a positive number of samples or null, got {cfg.limit}")
-    if int(cfg.runtime.repeats) <= 0:
-        raise EvaluationError(f"runtime.repeats must be a positive number of runs, got {cfg.runtime.repeats}")
-    if int(cfg.runtime.prefill_chunk) <= 0:
-        raise EvaluationError(f"runtime.prefill_chunk must be a positive number of tokens, got {cfg.runtime.prefill_chunk}")
     try:
         out_dir = Path(str(cfg.out_dir))
     except Exception as e:  # the default names the run from Hydra's runtime, which compose() does not set
