@@ -211,9 +211,9 @@ class WeightFormatDrafter(Drafter):
         head = self.weights if self.head_weights is None else self.head_weights
         self._weight_bytes = quantized.linear_bytes(model, self.weights, head, self.weights_group)
         self._view_bytes = [0, 0]
-        weights = quantized.format_label(self.weights, model.dtype, self.weights_group)
+        weights = quantized.format_label(self.weights, model.dtype, self.weights_group, model.device.type)
         if head != self.weights:
-            weights += f", lm_head {quantized.format_label(head, model.dtype, self.weights_group)}"
+            weights += f", lm_head {quantized.format_label(head, model.dtype, self.weights_group, model.device.type)}"
         self._labels = (weights, kv_label(self.kv, kv_dtype))
 
     def _count_read(self, view: KVCache) -> None:

@@ -32,3 +32,51 @@ def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, build: str = "native") -> torch.Tensor:
     """F.linear(x, w, b) for x [rows, in], w [out, in]: [rows, out] float32."""
     return cpu_attention.ops(build).few_rows_linear(x, w, b)
+
+
+BLOCK = 32  # inputs a block of GGUF's Q4_1 / Q8_0 layouts
+BLOCK_FORMATS = ("q4_1", "q8_0")
+
+
+def pack_blocks(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """w [out, in] (in a multiple of 32) in blocks of 32 inputs, as GGUF quantizes them: q4_1 (4-bit
+    codes on the block's min/max grid, an fp16 scale and minimum) or q8_0 (signed 8-bit codes, an fp16
+    scale). Returns (codes uint8 [out, in / 32 * block bytes], scales fp16 [out, in / 32], minimums
+    fp16 [out, in / 32] or None). A weight that was dequantized from these formats comes back exactly."""
+    w = w.detach().float()
+    out, k = w.shape
+    if k % BLOCK:
+        raise ValueError(f"{fmt}: the input size {k} is not a multiple of {BLOCK}")
+    g = w.reshape(out, k // BLOCK, BLOCK)
+    if fmt == "q4_1":
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = ((hi - lo) / 15).half()
+        m = lo.half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(lo))
+        q = ((g - m.float()[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)
+        codes = q[..., :16] | (q[..., 16:] << 4)  # byte i: input i low, input i + 16 high
+        return codes.reshape(out, -1).contiguous(), d.contiguous(), m.contiguous()
+    if fmt == "q8_0":
+        d = (g.abs().amax(-1) / 127).half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(d.float()))
+        q = (g * inv[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return q.reshape(out, k).view(torch.uint8).contiguous(), d.contiguous(), None
+    raise ValueError(f"{fmt!r}: not a block format ({', '.join(BLOCK_FORMATS)})")
+
+
+def unpack_blocks(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    """The float32 weight [out, in] that packed blocks decode to (d * q + m, or d * q)."""
+    out = codes.shape[0]
+    if mins is not None:
+        b = codes.reshape(out, -1, BLOCK // 2)
+        q = torch.cat([b & 15, b >> 4], -1).float()
+        return torch.addcmul(mins.float()[..., None], q, scales.float()[..., None]).reshape(out, -1)
+    q = codes.view(torch.int8).reshape(out, -1, BLOCK).float()
+    return (q * scales.float()[..., None]).reshape(out, -1)
+
+
+def block_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                 b: torch.Tensor | None = None, build: str = "native") -> torch.Tensor:
+    """x [rows, in] float32 against packed blocks: [rows, out] float32, bit for bit what `linear`
+    gives against the decoded weight."""
+    return cpu_attention.ops(build).block_linear(x, codes, scales, mins, b)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sparsespec.kernels import cpu_attention, cpu_linear
 from sparsespec.models.runner import CausalLM
 
 WEIGHT_FORMATS = ("fp", "bf16", "int8", "int4")
@@ -82,11 +83,31 @@ def working_formats(device: str = "cpu") -> list[str]:
     return [f for f in WEIGHT_FORMATS if format_problem(f, device) is None]
 
 
-def format_label(fmt: str, dtype: torch.dtype, group: int) -> str:
-    """A format as rows report it: fp32 / bf16 (the target's own), int8, int4-g32."""
+def format_label(fmt: str, dtype: torch.dtype, group: int, device: str = "cpu") -> str:
+    """A format as rows report it: fp32 / bf16 (the target's own), int8, int4-g32, or a block format
+    the project's CPU kernel runs (int8-g32, int4-g32 with fp32 rows: see `block_format`)."""
     if fmt == "fp":
         return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    if block_format(fmt, group, device, dtype, 0) == "q8_0":
+        return "int8-g32"
     return f"int4-g{group}" if fmt == "int4" else fmt
+
+
+def block_format(fmt: str, group: int, device: str, dtype: torch.dtype, inputs: int) -> str | None:
+    """The GGUF block layout `fmt` runs in on this device and dtype, or None for torch's packed ops.
+
+    On the CPU with a float32 target, int4 (groups of 32) is held as Q4_1 blocks and int8 as Q8_0
+    blocks (groups of 32, one scale each) and their products run the project's float32 kernel
+    (sparsespec.kernels.cpu_linear.block_linear): the rows stay in float32, and a checkpoint that was
+    stored in these formats (the embedded SmolLM2: Q4_1 layers, a Q8_0 embedding shared with the
+    lm_head) is held exactly, so the draft's products are the target's own bit for bit. Elsewhere
+    (CUDA, a bf16 target, the kernel switched off, a layer of `inputs` not a multiple of 32) torch's
+    packed ops with bf16 rows serve."""
+    if device != "cpu" or dtype != torch.float32 or inputs % cpu_linear.BLOCK or not cpu_attention.available():
+        return None
+    if fmt == "int4" and group == cpu_linear.BLOCK:
+        return "q4_1"
+    return "q8_0" if fmt == "int8" else None
 
 
 @dataclass
@@ -100,6 +121,14 @@ class PackedLinear:
     scales: torch.Tensor | None  # int8: [out] bf16; int4: [in / group, out padded, 2] bf16 (scale, zero)
     bias: torch.Tensor | None  # float32, added after the product
     group: int = 0
+    mins: torch.Tensor | None = None  # q4_1 blocks: fp16 [out, in / 32]
+
+    @classmethod
+    def pack_blocks(cls, w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> PackedLinear:
+        """w [out, in] in a GGUF block format ("q4_1" or "q8_0") for the project's CPU kernel."""
+        codes, scales, mins = cpu_linear.pack_blocks(w, fmt)
+        bias = None if b is None else b.detach().float().contiguous()
+        return cls(fmt, w.shape[0], codes, scales, bias, cpu_linear.BLOCK, mins)
 
     @classmethod
     def pack(cls, w: torch.Tensor, b: torch.Tensor | None, fmt: str, group: int = 32) -> PackedLinear:
@@ -132,6 +161,10 @@ class PackedLinear:
         raise WeightFormatError(f"weights={fmt!r}: not a packed draft weight format")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt in cpu_linear.BLOCK_FORMATS:
+            rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+            y = cpu_linear.block_linear(rows, self.weight, self.scales, self.mins, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         h = x.to(torch.bfloat16)
         if self.fmt == "bf16":
             y = F.linear(h, self.weight)
@@ -147,7 +180,8 @@ class PackedLinear:
     @property
     def nbytes(self) -> int:
         """What one product reads: the packed weight, its scales and the bias."""
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.mins)
+                   if t is not None)
 
 
 class DraftLM(CausalLM):
@@ -167,11 +201,15 @@ class DraftLM(CausalLM):
             for i, layer in enumerate(target.layers):
                 w, b = target._qkv[i]
                 o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-                self._packed.append({"qkv": PackedLinear.pack(w, b, weights, group),
-                                     "o": PackedLinear.pack(o.weight, o.bias, weights, group),
-                                     "gate_up": PackedLinear.pack(target._gate_up[i], None, weights, group),
-                                     "down": PackedLinear.pack(down.weight, down.bias, weights, group)})
-        self._head = None if head == "fp" else PackedLinear.pack(target.lm_head.weight, target.lm_head.bias, head, group)
+                self._packed.append({"qkv": self._pack(w, b, weights),
+                                     "o": self._pack(o.weight, o.bias, weights),
+                                     "gate_up": self._pack(target._gate_up[i], None, weights),
+                                     "down": self._pack(down.weight, down.bias, weights)})
+        self._head = None if head == "fp" else self._pack(target.lm_head.weight, target.lm_head.bias, head)
+
+    def _pack(self, w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> PackedLinear:
+        blocks = block_format(fmt, self.group, w.device.type, w.dtype, w.shape[1])
+        return PackedLinear.pack_blocks(w, b, blocks) if blocks else PackedLinear.pack(w, b, fmt, self.group)
 
     def _linear(self, name: str, i: int, x: torch.Tensor) -> torch.Tensor:
         return self._packed[i][name](x) if self._packed else super()._linear(name, i, x)
@@ -200,6 +238,9 @@ def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, own: boo
                 if own else 0
         if fmt == "bf16":
             return out * k * 2 + extra
+        blocks = block_format(fmt, group, w.device.type, w.dtype, k)
+        if blocks is not None:  # codes, then an fp16 scale (and for q4_1 an fp16 minimum) per 32 inputs
+            return out * k // (2 if blocks == "q4_1" else 1) + out * (k // 32) * (4 if blocks == "q4_1" else 2) + extra
         if fmt == "int8":
             return out * k + out * 2 + extra
         n = out + (-out % INT4_ROWS)
