@@ -242,3 +242,76 @@ def test_a_new_token_attends_the_same_in_a_block_as_alone(build):
                     one_mass = cpu_attention.attention_mass(q[:, i : i + 1], lse[:, i : i + 1], k[:, :seen], 0.125,
                                                             build)
                     assert torch.equal(one_mass[:, 0], mass[:, i, :seen])
+
+
+def _int8_case(hq, hkv, n, total, d, seed):
+    """An int8 view as the cache holds it: rows of a larger buffer (strided heads), per-row scales."""
+    from sparsespec.kv.quantized import quantize_int8
+
+    q, k, v = _case(hq, hkv, n, total, d, torch.float32, seed)
+    (kq, ks), (vq, vs) = quantize_int8(torch.randn(hkv, total + 40, d)), quantize_int8(torch.randn(hkv, total + 40, d))
+    kq[:, :total], ks[:, :total] = quantize_int8(k)
+    vq[:, :total], vs[:, :total] = quantize_int8(v)
+    return q, kq[:, :total], ks[:, :total], vq[:, :total], vs[:, :total]
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_the_int8_path_equals_the_float32_kernel_on_the_dequantized_view(build):
+    """Bit for bit: an int8 view's keys and values are dequantized as the PyTorch path does it (one
+    float32 product per element), so the output and log-sum-exp are the float32 kernel's over the
+    dequantized view; and the reference's within rounding."""
+    if not cpu_attention.available(build):
+        pytest.skip("no kernel build here")
+    from sparsespec.kv.quantized import Int8Rows
+
+    for hq, hkv, d in ((9, 3, 64), (4, 2, 16), (8, 1, 128), (2, 2, 32)):
+        for total in (1, 17, 515, 1030):
+            for n in (1, 3, 17):
+                if n > total:
+                    continue
+                q, kq, ks, vq, vs = _int8_case(hq, hkv, n, total, d, seed=n + total)
+                out, lse = cpu_attention.few_rows_attention_int8(q, kq, ks, vq, vs, 0.125, build)
+                k, v = Int8Rows(kq, ks).dequantize(), Int8Rows(vq, vs).dequantize()
+                ref, ref_lse = cpu_attention.few_rows_attention(q, k, v, 0.125, build)
+                assert torch.equal(out, ref) and torch.equal(lse, ref_lse), (d, total, n)
+                exact, exact_lse = _attend_reference(q, k, v, 0.125, causal_block_mask(n, total), n)
+                torch.testing.assert_close(out, exact, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("build", _builds())
+def test_an_int8_view_attends_the_same_in_a_block_as_alone(build):
+    """Row invariance holds for the int8 path too: token i of a block equals a one-token step."""
+    if not cpu_attention.available(build):
+        pytest.skip("no kernel build here")
+    for hq, hkv, d in ((9, 3, 64), (4, 2, 16)):
+        for total in (17, 1030):
+            n = 5
+            q, kq, ks, vq, vs = _int8_case(hq, hkv, n, total, d, seed=total)
+            out, lse = cpu_attention.few_rows_attention_int8(q, kq, ks, vq, vs, 0.125, build)
+            for i in range(n):
+                s = total - n + i + 1
+                one, one_lse = cpu_attention.few_rows_attention_int8(q[:, i : i + 1], kq[:, :s], ks[:, :s], vq[:, :s],
+                                                                     vs[:, :s], 0.125, build)
+                assert torch.equal(one[:, 0], out[:, i]) and torch.equal(one_lse[:, 0], lse[:, i])
+
+
+def test_attend_reads_a_low_precision_view_through_the_kernel_or_dequantizes_it(monkeypatch):
+    """attend over bf16 keys with float32 queries, and over an int8 view: the kernel where it
+    applies; with an explicit mask (or the kernel off) the view dequantized first, the same numbers."""
+    from sparsespec.kv.quantized import Int8Rows
+
+    calls = []
+    real = cpu_attention.few_rows_attention_int8
+    monkeypatch.setattr(cpu_attention, "few_rows_attention_int8", lambda *a: calls.append("int8") or real(*a))
+    q, kq, ks, vq, vs = _int8_case(9, 3, 3, 600, 64, seed=1)
+    k, v = Int8Rows(kq, ks), Int8Rows(vq, vs)
+    out, lse = attend(q, k, v, 0.125, lse_rows=3)
+    masked, masked_lse = attend(q, k, v, 0.125, mask=causal_block_mask(3, 600), lse_rows=3)
+    torch.testing.assert_close(out, masked, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(lse, masked_lse, atol=2e-5, rtol=1e-4)
+    assert calls == (["int8"] if _compiler() else [])
+    kb, vb = k.dequantize(torch.bfloat16), v.dequantize(torch.bfloat16)
+    out_b, _ = attend(q, kb, vb, 0.125)
+    ref, _ = _attend_reference(q, kb.float(), vb.float(), 0.125, causal_block_mask(3, 600))
+    torch.testing.assert_close(out_b, ref, atol=2e-5, rtol=1e-4)
+    assert out_b.dtype == torch.float32

@@ -1,11 +1,13 @@
-"""Draft weight formats (method.drafter.weights): the draft pass reads a bf16 / int8 / int4 copy of
-the target's linear layers, the unmodified target verifies, so the output is still the target's:
+"""Draft weight formats (method.drafter.weights) and draft KV formats (method.drafter.kv): the draft
+pass reads a bf16 / int8 / int4 copy of the target's linear layers and attends to a bf16 / int8 view
+of the K/V, the unmodified target verifies over its own cache, so the output is still the target's:
 greedy token-identical to ar, sampling exact in distribution. Each check also shows the quantized
 draft really differs from the target's own (rejections happen), so it would catch a verifier that
 trusted the draft."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -20,12 +22,16 @@ from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.decoding.sampling import Sampling
 from sparsespec.eval.memory import estimate_bytes
 from sparsespec.eval.methods import MethodConfigError
+from sparsespec.kernels import cpu_attention
 from sparsespec.kv.policies import FullKV, KVPolicy, StreamingKV
+from sparsespec.kv.quantized import DraftView, Int8Rows, QuantizedKVCache, quantize_int8, view_bytes
 from sparsespec.kv.recall import RecallIndex
 from sparsespec.models import quantized
 from sparsespec.models.quantized import PackedLinear, draft_model
 
 FORMATS = ["bf16", "int8", "int4"]
+# as rows report them on the CPU in float32, where int8 and int4 run as blocks of 32 in the project's kernel
+LABELS = {"bf16": "bf16", "int8": "int8-g32", "int4": "int4-g32"}
 
 
 @dataclass
@@ -75,7 +81,7 @@ def test_greedy_output_is_ar_for_every_view_and_format(family, fmt):
         res = _engine(target, policy(), fmt).generate(prompt, 16)
         assert res.output_ids == ar, (name, fmt)
         assert res.drafted > res.accepted, (name, fmt)
-        assert res.extra["draft_weights"] == ("int4-g32" if fmt == "int4" else fmt)
+        assert res.extra["draft_weights"] == LABELS[fmt]
         kept += res.accepted
     assert kept > 0  # and some drafts were good enough to keep
 
@@ -175,7 +181,7 @@ def test_a_model_drafter_method_takes_the_format_from_its_config():
         method = load_method(name, ["method.drafter.weights=int8", "method.drafter.policy.budget=40"]
                              if name == "sd_sparse" else ["method.drafter.weights=int8"])
         res = method.build(target, small, prefill_chunk=32).generate_batch([prompt, prompt[:50]], 16)
-        assert res[0].output_ids == ar and res[0].extra["draft_weights"] == "int8"
+        assert res[0].output_ids == ar and res[0].extra["draft_weights"] == LABELS["int8"]
         assert res[0].drafted > res[0].accepted
 
 
@@ -265,6 +271,209 @@ def test_a_model_drafter_reads_its_weights_in_the_format(family, fmt):
     for policy in (FullKV(), StreamingKV(budget=40, k_sink=4), RecallIndex(budget=40, k_sink=4, k_recent=8, window=4)):
         res = SpeculativeEngine(target, ModelDrafter(target, policy, weights=fmt), FixedK(3)).generate(prompt, 32)
         assert res.output_ids == ar, type(policy).__name__
-        assert res.extra["draft_weights"] == ("int4-g32" if fmt == "int4" else fmt)
+        assert res.extra["draft_weights"] == LABELS[fmt]
         rejected += res.drafted - res.accepted
     assert rejected > 0
+
+
+# -- draft KV formats (method.drafter.kv): the view a draft step attends to ----------------------
+
+KV_FORMATS = ["fp", "bf16", "int8"]
+
+
+def test_an_int8_view_holds_each_row_to_its_scale():
+    """Per token and KV head: the row's largest magnitude maps to 127, every element within half a
+    step of the original; the stored bytes are a quarter of float32's plus one scale per row."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 37, 64) * torch.rand(2, 37, 1) * 10
+    q, scale = quantize_int8(x)
+    assert q.dtype == torch.int8 and scale.shape == (2, 37)
+    assert (q.abs().amax(-1) == 127).all()
+    back = Int8Rows(q, scale).dequantize()
+    assert ((back - x).abs() <= scale[..., None] / 2 + 1e-6).all() and (back != x).any()
+    cache = QuantizedKVCache("int8", 3, 2, 64, capacity=10)
+    cache.length = 10
+    assert view_bytes(cache) == 2 * 3 * 2 * (64 + 4) * 10 == cache.nbytes()
+
+
+def test_a_full_view_copy_follows_the_cache_and_drops_each_rounds_drafts():
+    """The full view's copy rounds only what the cache gained since the last round, forgets the last
+    round's drafts, and equals a fresh rounding of the whole cache every time."""
+    target = tiny_lm("llama")
+    cache = target.new_cache(64)
+    target.prefill(random_prompt(30, seed=1), cache)
+    view = DraftView("int8")
+    for extra_tokens in (0, 5, 1):
+        if extra_tokens:
+            target.forward(random_prompt(extra_tokens, seed=extra_tokens), cache, logits="none")
+        copy = view.full(cache, 4)
+        assert copy.length == cache.length
+        target.forward([1, 2], copy, logits="none")  # a round's drafts, written into the copy
+        for layer in range(cache.n_layers):
+            q, s = quantize_int8(cache.k[layer][:, : cache.length])
+            assert torch.equal(copy.k[layer][:, : cache.length], q)
+            assert torch.equal(copy.k_scale[layer][:, : cache.length], s)
+
+
+def test_the_view_is_read_in_its_format():
+    """A draft step over the int8 / bf16 view gives other logits than over the cache itself (the
+    view really holds rounded K/V), close to them; with the CPU kernel built, the int8 view is read
+    by its int8 path."""
+    target = tiny_lm("qwen2")
+    cache = target.new_cache(128)
+    target.prefill(random_prompt(90, seed=2), cache)
+    exact = target.forward([5], cache, logits="last")
+    cache.crop(90)
+    calls = []
+    real = cpu_attention.few_rows_attention_int8
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_attention, "few_rows_attention_int8", lambda *a, **k: calls.append(1) or real(*a, **k))
+        for fmt in ("bf16", "int8"):
+            view = DraftView(fmt).full(cache, 2)
+            logits = target.forward([5], view, logits="last")
+            err = (logits - exact).abs().max().item()
+            assert 0 < err < 0.05 * exact.abs().max().item(), fmt  # rounded K/V: near, not equal
+    assert len(calls) == (target.n_layers if cpu_attention.available() else 0)
+
+
+QUANTIZED_METHODS = ["quantspec", "magicdec_q", "sparsespec_l_q"]
+
+
+@functools.cache
+def _ar_run(family: str) -> tuple:
+    """A tiny target of the family, a prompt and ar's 16 tokens (shared by the methods' tests)."""
+    target = tiny_lm(family)
+    prompt = random_prompt(100, seed=6)
+    return target, prompt, SpeculativeEngine(target).generate(prompt, 16).output_ids
+
+
+@pytest.mark.parametrize("kv", KV_FORMATS)
+@pytest.mark.parametrize("name", QUANTIZED_METHODS)
+def test_quantized_methods_with_each_kv_format_are_ar(family, name, kv):
+    """quantspec (int4 weights, the whole KV) and the sparse-view methods with int4 weights, each
+    with its view in fp, bf16 and int8: ar's tokens, with rejections, and the row says what the
+    draft read."""
+    target, prompt, ar = _ar_run(family)
+    # half the prompt in the view: a random tiny model's draft from a streaming window of a quarter
+    # of it agrees with the target almost nowhere, whatever the weights' format
+    res = load_method(name, [f"method.drafter.kv={kv}", "method.drafter.policy.ratio=0.5"]
+                      if name != "quantspec" else [f"method.drafter.kv={kv}"]).build(target).generate(prompt, 16)
+    assert res.output_ids == ar
+    assert res.drafted > res.accepted  # the quantized draft disagrees somewhere
+    assert res.extra["draft_weights"] == "int4-g32"
+    assert res.extra["draft_kv"] == {"fp": "fp32", "bf16": "bf16", "int8": "int8"}[kv]
+
+
+def test_a_draft_step_counts_the_views_bytes_in_its_format():
+    """draft_step_bytes = the weights' bytes + the view's: the same full view (quantspec's) read
+    in fp32, bf16 and int8 costs 4, 2 and 1 bytes per element (+ 4 bytes of scale per row)."""
+    target = tiny_lm("llama")
+    prompt = random_prompt(100, seed=4)
+    weights = quantized.linear_bytes(target, "int4", "int4", 32)
+    per_row = {"fp": 4 * target.head_dim, "bf16": 2 * target.head_dim, "int8": target.head_dim + 4}
+    for kv, row in per_row.items():
+        drafter = SelfDrafter(FullKV(), weights="int4", kv=kv)
+        res = SpeculativeEngine(target, drafter, FixedK(3)).generate(prompt, 12)
+        entries = (res.extra["draft_step_bytes"] - weights) / (2 * target.n_layers * target.n_kv_heads * row)
+        # every round reads the whole cache: between the prompt and the prompt and the output
+        assert len(prompt) <= entries <= len(prompt) + 12, kv
+
+
+def test_sampling_with_a_quantized_view_gives_the_target_distribution():
+    """Speculative sampling with int8 views (quantspec's full view with int4 weights, and MagicDec's
+    streaming view with int8 weights): the marginals are the target's, with drafts rejected."""
+    V, steps = 6, 3
+    torch.set_num_threads(1)
+    target = tiny_lm("llama", vocab=V, seed=1, layers=1)
+    prompt = random_prompt(12, seed=5, vocab=V)
+    sampling = Sampling(temperature=1.0)
+    exact = exact_marginals(target, prompt, steps, sampling)
+    for make in (lambda: SelfDrafter(FullKV(), weights="int4", kv="int8"),
+                 lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1), weights="int8", kv="int8")):
+        counts, drafted, accepted, n = torch.zeros(steps, V), 0, 0, 1500
+        for seeds in torch.arange(n).split(BATCH):
+            engine = SpeculativeEngine(target, make(), FixedK(2))
+            for res in engine.generate_batch([prompt] * len(seeds), steps, sampling, seed=seeds.tolist()):
+                drafted, accepted = drafted + res.drafted, accepted + res.accepted
+                for i, t in enumerate(res.output_ids):
+                    counts[i, t] += 1
+        assert drafted > accepted > 0
+        for i in range(steps):
+            assert tv(counts[i] / n, exact[i]) < TV_BOUND, f"position {i}"
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_a_model_drafters_cache_is_held_in_the_kv_format(kv):
+    """A model drafter's windowed cache (sd_sparse) and a scored one's view (sd_recall) in the
+    format: ar's output, the row says the format, and the windowed cache really holds it."""
+    target, small = tiny_lm("qwen3"), tiny_lm("qwen3", seed=7, layers=1)
+    prompt = random_prompt(200, seed=3)  # past the window by more than an eviction's worth
+    ar = SpeculativeEngine(target).generate(prompt, 16).output_ids
+    for name in ("sd_sparse", "sd_recall"):
+        engine = load_method(name, [f"method.drafter.kv={kv}", "method.drafter.policy.budget=100"]).build(
+            target, small, prefill_chunk=64)
+        res = engine.generate(prompt, 16)
+        assert res.output_ids == ar and res.drafted > res.accepted and res.extra["draft_kv"] == kv, name
+        if name == "sd_sparse":
+            assert isinstance(engine.drafter.cache, QuantizedKVCache) and engine.drafter.cache.fmt == kv
+
+
+def test_the_memory_guard_counts_the_quantized_view():
+    """quantspec's copy of the whole cache and a sparse view's compact cache are counted in their
+    format (int8 with its scales), and equal what the run allocates."""
+    target = tiny_lm("llama")
+    tokens, new = 300, 8
+    prompt = random_prompt(tokens - new, seed=9)
+    per_entry = 2 * target.n_layers * target.n_kv_heads * (target.head_dim + 4)
+    est = estimate_bytes(target, tokens, [load_method("quantspec", [])], None, 512, new_tokens=new)
+    assert est["draft KV copy"] == per_entry * (tokens + 64)
+    engine = load_method("quantspec", []).build(target)
+    engine.generate(prompt, new)
+    assert engine.drafter._view.copy.nbytes() == est["draft KV copy"]
+    fp = estimate_bytes(target, tokens, [load_method("magicdec", [])], None, 512, new_tokens=new)
+    q = estimate_bytes(target, tokens, [load_method("magicdec", ["method.drafter.kv=int8"])], None, 512,
+                       new_tokens=new)
+    budget = StreamingKV().budget_for(tokens) + FixedK().k + 1 + 64
+    assert q["compact KV cache"] == per_entry * budget
+    assert fp["compact KV cache"] == 2 * target.n_layers * target.n_kv_heads * target.head_dim * 4 * budget
+    engine = load_method("magicdec", ["method.drafter.kv=int8"]).build(target)
+    engine.generate(prompt, new)
+    assert engine.drafter._view.compact.nbytes() <= q["compact KV cache"]
+
+
+def test_an_unknown_kv_format_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_method("quantspec", ["method.drafter.kv=int4"])
+    msg = str(e.value)
+    assert msg == ("method quantspec: method.drafter.kv='int4': not a draft KV format; the formats that work: "
+                   "fp, bf16, int8")
+
+
+def test_evaluate_exits_nonzero_on_an_unknown_kv_format_and_writes_nothing(tmp_path):
+    from test_reliability import ROOT, _run
+
+    out = tmp_path / "e"
+    r = _run([str(ROOT / "evaluate.py"), "method=magicdec", "method.drafter.kv=fp8", f"out_dir={out}"], tmp_path)
+    text = r.stderr + r.stdout
+    assert r.returncode != 0 and "method.drafter.kv='fp8'" in text and "fp, bf16, int8" in text
+    assert "Traceback" not in text and not out.exists()
+
+
+@pytest.mark.slow  # about a minute on 2 cores: the model's load and its int4 copy
+@pytest.mark.embedded
+def test_quantspec_is_exact_on_smollm2():
+    """The embedded SmolLM2 with quantspec's int4 weights and int8 view of the whole cache, on a held-
+    out book: ar's tokens, with rejections."""
+    from sparsespec.data.pg19 import load_books, select_split
+    from sparsespec.models.loading import load_model
+    from sparsespec.models.runner import CausalLM
+
+    loaded = load_model(None)
+    lm = CausalLM(loaded.model)
+    book = select_split(load_books(), "eval")[0]["text"]
+    prompt = loaded.tokenizer(book[100_000:104_000])["input_ids"][:400]
+    ar = SpeculativeEngine(lm).generate(prompt, 24).output_ids
+    res = load_method("quantspec", []).build(lm).generate(prompt, 24)
+    assert res.output_ids == ar
+    assert res.drafted > res.accepted > 0
+    assert res.extra["draft_weights"] == "int4-g32" and res.extra["draft_kv"] == "int8"

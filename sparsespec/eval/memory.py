@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from sparsespec.kv.quantized import entry_bytes
 from sparsespec.models.attention import SMALL_QUERY_BLOCK, flash_attn_applies, fused_kernel
 from sparsespec.models.quantized import copy_bytes
 from sparsespec.models.runner import CausalLM
@@ -74,10 +75,13 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
     return host_available_bytes()
 
 
-def kv_bytes(model: CausalLM, tokens: int) -> int:
-    """A KV cache of `tokens` entries for `model` (keys and values, every layer, the model's dtype)."""
-    elem = model.lm_head.weight.element_size()
-    return 2 * model.n_layers * model.n_kv_heads * model.head_dim * elem * tokens
+def kv_bytes(model: CausalLM, tokens: int, fmt: str = "fp") -> int:
+    """A KV cache of `tokens` entries for `model` (keys and values, every layer), in the model's
+    dtype, or in a draft KV format `fmt` (bf16, int8 with its scales: kv/quantized.py)."""
+    if fmt == "fp":
+        elem = model.lm_head.weight.element_size()
+        return 2 * model.n_layers * model.n_kv_heads * model.head_dim * elem * tokens
+    return entry_bytes(fmt, model.n_layers, model.n_kv_heads, model.head_dim, model.dtype) * tokens
 
 
 def weight_bytes(model: CausalLM) -> int:
@@ -290,6 +294,7 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
         parts.append(Part("draft weights copy", copy_bytes(own, drafter.weights, drafter.head_weights,
                                                            drafter.weights_group), "prefill", True, per_sequence=False))
     policy = getattr(drafter, "policy", None)
+    kv = getattr(drafter, "kv", "fp")  # the draft view's format
     model = drafter_model if drafter.needs_model and drafter_model is not None else target
     own = drafter.memory_bytes(model.n_layers, model.n_kv_heads, tokens)
     if own:  # a part's own state, allocated when the engine starts it
@@ -302,30 +307,43 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
             prompt = tokens - (new_tokens or 0)
             capacity = drafter.capacity(prompt) if hasattr(drafter, "capacity") else prompt + 65
             held = drafter.held_entries(tokens) if hasattr(drafter, "held_entries") else tokens
+            scored = policy is not None and not policy.position_only
+            own_kv = "fp" if scored else kv  # a scored policy's cache stays as computed; else it is the view
             if new_tokens is None or held + kmax + 1 > capacity:
-                parts.append(Part("drafter KV cache growth", kv_bytes(drafter_model, capacity), "decode", True))
+                parts.append(Part("drafter KV cache growth", kv_bytes(drafter_model, capacity, own_kv), "decode",
+                                  True))
             masked = policy is not None and policy.position_only and policy.mask(0, 1, 1, "cpu") is not None
             m = min(chunk, prompt)
             keys = min(prompt, capacity)  # the keys a prefill chunk attends to
             prefill = forward_transient_bytes(drafter_model, m, keys, masked=masked)
-            parts += [Part("drafter KV cache", kv_bytes(drafter_model, capacity), "drafter start", True),
+            parts += [Part("drafter KV cache", kv_bytes(drafter_model, capacity, own_kv), "drafter start", True),
                       Part("drafter prefill chunk", max(prefill, mask_bytes(m, keys) if masked else 0),
                            "drafter start", False, largest_tensor_bytes(drafter_model, m, keys, masked)),
                       Part("decode step (drafter)", forward_transient_bytes(drafter_model, kmax + 1, held, masked)
                            + logits_bytes(drafter_model, 1), "decode", False)]
-            if policy is not None and not policy.position_only and not policy.covers(tokens):
+            if scored and not policy.covers(tokens):
                 # a scoring policy drafts from a compact copy of the entries it selects
                 parts.append(Part("drafter compact KV cache",
-                                  kv_bytes(drafter_model, policy.budget_for(tokens) + kmax + 1 + 64), "decode", True))
-    elif policy is not None and not policy.covers(tokens):
-        # self-speculation through a sparse view: a compact copy of the kept entries, gathered with
-        # room for a draft and 64 entries of slack; when the budget outgrows it, the next copy is
-        # allocated while the old one still exists
-        compact = kv_bytes(target, policy.budget_for(tokens) + kmax + 1 + 64)
-        parts.append(Part("compact KV cache", compact, "decode", True))
+                                  kv_bytes(drafter_model, policy.budget_for(tokens) + kmax + 1 + 64, kv), "decode",
+                                  True))
+            if scored and kv != "fp" and policy.covers(prompt + 1):
+                # while the policy keeps every entry, the view is a copy of the whole cache in the format
+                parts.append(Part("drafter KV copy", kv_bytes(drafter_model, capacity + kmax + 1, kv), "decode", True))
+    elif policy is not None:
         prompt = tokens - (new_tokens or 0)
-        if new_tokens is None or policy.budget_for(tokens) - policy.budget_for(prompt + 1) > 64:
-            parts.append(Part("compact cache regrowth", compact, "decode", False, compact // (2 * target.n_layers)))
+        if not policy.covers(tokens):
+            # self-speculation through a sparse view: a compact copy of the kept entries (in the draft
+            # KV format), gathered with room for a draft and 64 entries of slack; when the budget
+            # outgrows it, the next copy is allocated while the old one still exists
+            compact = kv_bytes(target, policy.budget_for(tokens) + kmax + 1 + 64, kv)
+            parts.append(Part("compact KV cache", compact, "decode", True))
+            if new_tokens is None or policy.budget_for(tokens) - policy.budget_for(prompt + 1) > 64:
+                parts.append(Part("compact cache regrowth", compact, "decode", False,
+                                  compact // (2 * target.n_layers)))
+        if kv != "fp" and policy.covers(prompt + 1):
+            # a full view in a draft KV format: a copy of the whole target cache in that format (its
+            # capacity: the target cache's), kept in step with it
+            parts.append(Part("draft KV copy", kv_bytes(target, tokens + 64, kv), "decode", True))
     capture = drafter.prefill_capture()
     if capture is not None:
         # The last prompt chunk's queries and LSEs are kept for every layer until the drafter reads
