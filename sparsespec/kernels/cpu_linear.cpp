@@ -17,6 +17,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <utility>
 
@@ -140,25 +143,33 @@ at::Tensor few_rows_linear(const at::Tensor& x, const at::Tensor& w, const c10::
 // float32 (6.4x for Q4_1 and 3.8x for Q8_0, scales included) and loses nothing.
 constexpr int64_t kBlock = 32;
 
-typedef uint8_t vu8 __attribute__((vector_size(W)));
-typedef int8_t vs8 __attribute__((vector_size(W)));
 
 template <bool Q4>
 struct BlockFormat {
   static constexpr int64_t kBytes = Q4 ? kBlock / 2 : kBlock;  // code bytes a block
-  // chunk c (W inputs) of a block as floats: the codes, not yet scaled
+  // chunk c (W inputs) of a block as floats: the codes, not yet scaled. Widened with the x86 zero- /
+  // sign-extending loads: GCC lowers a vector conversion from bytes lane by lane through scalar code.
   static inline vf codes(const uint8_t* block, int c) {
-    if constexpr (Q4) {
-      const int first = c * W;  // inputs [first, first + W) of the block
-      vu8 b;
-      __builtin_memcpy(&b, block + (first % 16), W);
-      const vi v = __builtin_convertvector(b, vi);
-      return __builtin_convertvector(first < 16 ? (v & 15) : (v >> 4), vf);
-    } else {
-      vs8 b;
-      __builtin_memcpy(&b, block + c * W, W);
-      return __builtin_convertvector(__builtin_convertvector(b, vi), vf);
+    const int first = c * W;  // inputs [first, first + W) of the block
+#if defined(__AVX512F__)
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (Q4 ? 0 : first)));
+    __m512i v = Q4 ? _mm512_cvtepu8_epi32(raw) : _mm512_cvtepi8_epi32(raw);
+    if constexpr (Q4) v = first < 16 ? _mm512_and_si512(v, _mm512_set1_epi32(15)) : _mm512_srli_epi32(v, 4);
+    return reinterpret_cast<vf>(_mm512_cvtepi32_ps(v));
+#elif defined(__AVX2__)
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + (Q4 ? first % 16 : first)));
+    __m256i v = Q4 ? _mm256_cvtepu8_epi32(raw) : _mm256_cvtepi8_epi32(raw);
+    if constexpr (Q4) v = first < 16 ? _mm256_and_si256(v, _mm256_set1_epi32(15)) : _mm256_srli_epi32(v, 4);
+    return reinterpret_cast<vf>(_mm256_cvtepi32_ps(v));
+#else
+    vf out;
+    for (int i = 0; i < W; ++i) {
+      const int k = first + i;
+      out[i] = Q4 ? static_cast<float>(k < 16 ? block[k] & 15 : block[k - 16] >> 4)
+                  : static_cast<float>(static_cast<int8_t>(block[k]));
     }
+    return out;
+#endif
   }
 };
 
