@@ -92,3 +92,25 @@ def test_pipeline_bad_names_say_what_to_fix(env):  # noqa: F811
         sparsespec.pipeline("ar", model=str(env["model"]), device="cuda:99")
     with pytest.raises(ConfigError, match=r"model.device='gpu': expected auto, cpu, cuda or cuda:N"):
         sparsespec.pipeline("ar", model=str(env["model"]), device="gpu")
+
+
+def test_a_parts_setting_error_is_named_at_the_key_the_user_set(tmp_path, monkeypatch):
+    """A part raises SettingError(its field, value, reason); the method re-raises it at the field's
+    full key, from the error's own fields."""
+    from sparsespec.eval.methods import Method
+
+    (tmp_path / "wide_policy.py").write_text(
+        "from dataclasses import dataclass\n\nfrom sparsespec.checks import require\n"
+        "from sparsespec.kv.policies import StreamingKV\n\n\n@dataclass\nclass Wide(StreamingKV):\n"
+        "    width: int = 2\n\n    def __post_init__(self):\n        super().__post_init__()\n"
+        "        require(self.width > 0, 'width', self.width, 'a positive number of columns')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    node = {"name": "wide", "drafter": {"_target_": "sparsespec.decoding.drafters.SelfDrafter",
+                                        "policy": {"_target_": "wide_policy.Wide", "width": 0}}}
+    with pytest.raises(MethodConfigError) as e:
+        Method.from_config(node)
+    assert str(e.value) == ("method wide: method.drafter.policy.width=0 is out of range: allowed a positive number "
+                            "of columns")
+    node["drafter"]["policy"]["width"] = 3
+    assert Method.from_config(node).policy().width == 3
+    sys.modules.pop("wide_policy", None)
