@@ -173,7 +173,6 @@ def load(
     task: str | None = None,
     limit: int | None = None,
     split: str = "test",
-    seed: int = 0,
     use_chat_template: bool = True,
 ) -> list[Sample]:
     task = check_task(task)

@@ -76,8 +76,6 @@ def load(
     path: str | None = None,
     task: str | None = None,
     limit: int | None = None,
-    split: str = "test",
-    seed: int = 0,
     use_chat_template: bool = True,
 ) -> list[Sample]:
     filters = _filters(task)

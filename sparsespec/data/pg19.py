@@ -106,11 +106,8 @@ def load(
     ctx: int,
     *,
     path: str | None = None,
-    task: str | None = None,
     limit: int | None = None,
     split: str = "test",
-    seed: int = 0,
-    use_chat_template: bool = True,
     offset: int | float = DEFAULT_OFFSET,
 ) -> list[Sample]:
     """``offset``: where each window starts (float: fraction of the book's characters, default

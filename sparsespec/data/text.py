@@ -109,11 +109,7 @@ def load(
     ctx: int,
     *,
     path: str | None = None,
-    task: str | None = None,
     limit: int | None = None,
-    split: str = "test",
-    seed: int = 0,
-    use_chat_template: bool = True,
     offset: int | float = 0,
 ) -> list[Sample]:
     """``offset``: where each window starts (int: tokens, float: fraction of the document)."""
