@@ -12,6 +12,7 @@ method per job. Bad input: one line naming the key, exit status 2, no result fil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import sys
@@ -107,6 +108,29 @@ def _lacking(o: Any, methods: list[DictConfig], names: list[str]) -> ConfigError
     return ConfigError(f"{line}: {names[0]} has no such key{close(leaf, keys)}; {where} has {', '.join(keys)}")
 
 
+def _compose_methods(common: list[str], names: list[str] | None, typed: list[Any]) -> tuple[list, list]:
+    """(each method's config with the overrides it takes, each method's config without them)."""
+    groups = [o for o in typed if "/" in o.key_or_group]
+    values = [o for o in typed if "/" not in o.key_or_group]
+    out, bares, used = [], [], set()
+    for name in names or [None]:
+        base = [*common, f"method={name}"] if name is not None else common
+        bare = _compose(base)
+        mine = [o for o in groups if _group_applies(o, bare.hydra.runtime.choices)]
+        shaped = _compose([*base, *(o.input_line for o in mine)]) if mine else bare
+        mine += [o for o in values if _value_applies(o, shaped.method)]
+        chosen = {id(o) for o in mine}
+        used |= chosen
+        # in the order typed: a later override of the same key wins, as on any command line
+        out.append(_compose([*base, *(o.input_line for o in typed if id(o) in chosen)]) if mine else bare)
+        bares.append(bare)
+    names = names or [str(out[0].method.name)]
+    for o in typed:
+        if id(o) not in used:
+            raise _lacking(o, [c.method for c in out], names)
+    return out, bares
+
+
 def compose_run(args: list[str]) -> Run:
     """The run a command line asks for. Raises ConfigError (one line naming the key)."""
     from hydra import initialize_config_dir
@@ -117,56 +141,31 @@ def compose_run(args: list[str]) -> Run:
     overrides = _parse(args)
     names = method_list(args)
     is_method = [o.key_or_group.startswith(("method.", "method/")) for o in overrides]
-    common = [o.input_line for o, m in zip(overrides, is_method, strict=True)
-              if not m and not (o.key_or_group == "method" and names is not None and not o.is_sweep_override())]
+    listing = [o.key_or_group == "method" and names is not None and not o.is_sweep_override() for o in overrides]
+    common = [o.input_line for o, m, li in zip(overrides, is_method, listing, strict=True) if not m and not li]
     typed = [o for o, m in zip(overrides, is_method, strict=True) if m]  # the method overrides, in the order typed
-    groups = [o for o in typed if "/" in o.key_or_group]
-    values = [o for o in typed if "/" not in o.key_or_group]
     held = HydraConfig.instance().cfg
-    context = None if GlobalHydra.instance().is_initialized() else initialize_config_dir(str(CONF_DIR), version_base="1.3")
-    try:
-        if context is not None:
-            context.__enter__()
-        out, used, bare_first = [], set(), None
-        for name in names or [None]:
-            base = [*common, f"method={name}"] if name is not None else common
-            bare = _compose(base)
-            bare_first = bare if bare_first is None else bare_first
-            mine = [o for o in groups if _group_applies(o, bare.hydra.runtime.choices)]
-            shaped = _compose([*base, *(o.input_line for o in mine)]) if mine else bare
-            mine += [o for o in values if _value_applies(o, shaped.method)]
-            used.update(id(o) for o in mine)
-            # in the order typed: a later override of the same key wins, as on any command line
-            chosen = {id(m) for m in mine}
-            out.append(_compose([*base, *(o.input_line for o in typed if id(o) in chosen)]) if mine else bare)
-        names = names or [str(out[0].method.name)]
-        for o in typed:
-            if id(o) not in used:
-                raise _lacking(o, [c.method for c in out], names)
-        cfg = out[0] if len(out) == 1 else bare_first  # a list's default out_dir is named by its first method ...
-        HydraConfig.instance().set_config(cfg)
+    inside_app = GlobalHydra.instance().is_initialized()  # compose in the app's context (its search path)
+    with contextlib.nullcontext() if inside_app else initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        out, bares = _compose_methods(common, names, typed)
+        named = out[0] if len(out) == 1 else bares[0]  # a list's default out_dir: its first method's ...
         try:
-            out_dir = str(cfg.out_dir)
+            HydraConfig.instance().set_config(named)  # what ${hydra:job.override_dirname} resolves against
+            out_dir = str(named.out_dir)
         except Exception as e:
             raise ConfigError(f"out_dir could not be resolved ({type(e).__name__}: {e}); pass out_dir=DIR") from None
-        if len(out) > 1 and not any(o.key_or_group == "out_dir" for o in overrides):  # ... and then by the list
-            listed = ",".join([f"method=[{','.join(names)}]", *(o.input_line for o in typed)])
-            out_dir = out_dir.replace(f"method={names[0]}", listed, 1)
-    finally:
-        HydraConfig.instance().cfg = held
-        if context is not None:
-            context.__exit__(None, None, None)
-    run_cfg = out[0].copy()
-    hydra = run_cfg.hydra
-    with open_dict(run_cfg):
-        del run_cfg["hydra"]
-        run_cfg.out_dir = out_dir
-    methods = []
+        finally:
+            HydraConfig.instance().cfg = held
+    if len(out) > 1 and not any(o.key_or_group == "out_dir" for o in overrides):  # ... named by the list
+        listed = ",".join([f"method=[{','.join(names)}]", *(o.input_line for o in typed)])
+        out_dir = out_dir.replace(f"method={names[0]}", listed, 1)
+    hydra = out[0].hydra
     for c in out:
         with open_dict(c):
             del c["hydra"]
-        methods.append(c.method)
-    return Run(run_cfg, methods, " ".join(["python evaluate.py", *(shlex.quote(a) for a in args)]), hydra)
+    cfg = out[0].copy()
+    cfg.out_dir = out_dir
+    return Run(cfg, [c.method for c in out], " ".join(["python evaluate.py", *(shlex.quote(a) for a in args)]), hydra)
 
 
 def run(run: Run) -> Path:
