@@ -360,7 +360,7 @@ def test_quantized_methods_with_each_kv_format_are_ar(family, name, kv):
                       if name != "quantspec" else [f"method.drafter.kv={kv}"]).build(target).generate(prompt, 16)
     assert res.output_ids == ar
     assert res.drafted > res.accepted  # the quantized draft disagrees somewhere
-    assert res.extra["draft_weights"] == "int4-g32"
+    assert res.extra["draft_weights"].startswith("int4-g32")  # the lm_head may have its own
     assert res.extra["draft_kv"] == {"fp": "fp32", "bf16": "bf16", "int8": "int8"}[kv]
 
 
@@ -476,4 +476,4 @@ def test_quantspec_is_exact_on_smollm2():
     res = load_method("quantspec", []).build(lm).generate(prompt, 24)
     assert res.output_ids == ar
     assert res.drafted > res.accepted > 0
-    assert res.extra["draft_weights"] == "int4-g32" and res.extra["draft_kv"] == "int8"
+    assert res.extra["draft_weights"].startswith("int4-g32") and res.extra["draft_kv"] == "int8"
