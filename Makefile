@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup model demo test docs lint clean
+.PHONY: setup model demo test test-fast docs lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,10 +27,14 @@ demo: model
 	rm -rf outputs/demo
 	$(BIN)/python evaluate.py 'method=[ar,magicdec,sparsespec_l]' ctx=$(DEMO_CTX) dataset=pg19 dataset.split=eval limit=1 out_dir=outputs/demo
 
-# two test processes, each taking whole files: the subprocess and multi-rank tests wait on
-# interpreter start-up, so two of them overlap on two cores
+# two test processes taking tests one by one as they free up (a file's tests share only cheap
+# fixtures; the few that share an expensive one carry one xdist_group, kept in one process)
 test: model
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
+# the edit loop: everything but the tests marked slow (those that start other processes)
+test-fast: model
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 # rebuild every results table and plot in README.md and docs/ from the committed files in results/
 docs: setup

@@ -12,6 +12,9 @@ from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.models.loading import load_model
 from sparsespec.models.runner import CausalLM
 
+# one process loads SmolLM2 and decodes its reference once for the whole file (`--dist loadgroup`)
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 PROMPT_TOKENS, NEW_TOKENS = 1000, 32
 
 

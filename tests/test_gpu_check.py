@@ -41,6 +41,7 @@ def _check_speed_report(out: Path) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_cpu_check_writes_the_test_log_the_speed_json_and_table(tmp_path):
     out = tmp_path / "check"
     proc = _run("--cpu", "--out", str(out))
@@ -95,6 +96,7 @@ def test_models_and_new_tokens_pick_the_plan():
         gpu_speed.select(gpu_speed.GPU_PLAN, None, 1)
 
 
+@pytest.mark.slow
 def test_without_hydra_the_speed_table_is_the_same(tmp_path):
     """What a GPU machine without Hydra/OmegaConf runs (imports of them blocked), row for row."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--cpu", "--no-hydra",

@@ -15,7 +15,8 @@ import torch
 from helpers import tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc peak memory")
+pytestmark = [pytest.mark.slow,  # a fresh process measures its own peak
+              pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads Linux's /proc peak memory")]
 
 # the layers dominate, as in real models (fusing their projections is where copies would pile up), and
 # there are enough of them that one layer's transient while it is fused is a small share, as in real models

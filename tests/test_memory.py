@@ -163,6 +163,7 @@ print(json.dumps({"measured": status("VmHWM") - base, "estimate": est.needed, "p
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to read peak RSS")
 def test_estimate_is_within_25_percent_of_the_measured_peak_rss():
     procs = {m: subprocess.Popen([sys.executable, "-c", MEASURE, str(ROOT / "tests"), m], cwd=ROOT,

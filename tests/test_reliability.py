@@ -176,6 +176,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_sweep_values_of_the_wrong_type_exit_nonzero(tmp_path):
     # the flat key=value form a W&B agent passes, through the real entry points
     r = _run([str(ROOT / "train.py"), "trainer.max_steps=abc", f"out_dir={tmp_path / 't'}"], tmp_path)
@@ -442,6 +443,7 @@ print(json.dumps(res.output_ids))
 """
 
 
+@pytest.mark.slow
 def test_sampled_generation_is_identical_across_processes(tmp_path):
     outs = []
     for hashseed in ("1", "2"):

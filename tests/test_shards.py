@@ -71,6 +71,7 @@ def _rows(out: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_shard_processes_at_once_give_the_unsharded_rows_and_one_report(env, tmp_path):
     out = tmp_path / "sharded"
     procs = [subprocess.Popen(evaluate_cmd(env, out, *EXTRA, f"shard={i}/2"), cwd=ROOT, env=sub_env(tmp_path),
@@ -141,6 +142,7 @@ def test_a_shard_without_samples_writes_nothing(env, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_same_command_twice_at_once_runs_once_and_the_second_stops(env, tmp_path):
     out = tmp_path / "twice"
     cmd = evaluate_cmd(env, out, *EXTRA)
@@ -222,6 +224,7 @@ def test_bad_shard_values_are_refused_before_the_model_loads(env, tmp_path, no_m
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_bad_shard_on_the_command_line_exits_nonzero_with_one_line(env, tmp_path):
     out = tmp_path / "bad_cli"
     proc = run_evaluate(env, out, *EXTRA, "shard=2/2")

@@ -221,6 +221,8 @@ def train_sweep_runs(tiny):
     return spec, tmp, run_agent_points(spec, points, tmp)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sweep")  # one process runs the two training agents for both
 def test_train_sweep_points_run_and_log_metric(train_sweep_runs):
     spec, tmp, runs = train_sweep_runs
     metric = spec["metric"]["name"]
@@ -251,6 +253,7 @@ def test_train_sweep_points_run_and_log_metric(train_sweep_runs):
     assert len(dirs) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sparsespec_l", "sparsespec_l_grid"])
 def test_evaluate_sweep_points_run_and_log_metric(tiny, name):
     spec, points = agent_points(CONF / "sweep" / f"{name}.yaml", tiny)
@@ -285,6 +288,8 @@ def test_evaluate_sweep_points_run_and_log_metric(tiny, name):
         assert {"results.jsonl", "summary.json"} <= set(arts["evaluation"]["files"])
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sweep")  # one process runs the two training agents for both
 def test_evaluate_logs_the_drafter_artifact(tiny, train_sweep_runs):
     """A budgetdraft evaluation of a drafter exported by a sweep run logs that drafter as an artifact."""
     _, tmp, runs = train_sweep_runs
@@ -316,6 +321,7 @@ def _search_override(name: str) -> str:
     return f"{'' if listed else '+'}hparams_search={name}"
 
 
+@pytest.mark.slow
 def test_optuna_search_two_trials(tiny, tmp_path):
     sweep_dir = tmp_path / "optuna"
     extra = tiny_overrides("train.py", tiny)
@@ -348,6 +354,7 @@ def test_launcher_configs_compose(launcher, target):
         assert OmegaConf.select(cfg, "hydra.launcher.n_jobs" if launcher == "local" else "hydra.launcher.timeout_min")
 
 
+@pytest.mark.slow
 def test_sweep_script_checks_and_never_prompts(tmp_path):
     script = REPO / "scripts" / "sweep.sh"
     env = agent_env(tmp_path, "unused01", None)

@@ -108,6 +108,7 @@ def _teacher_run(env, tmp: Path, name: str, world: int, cache: Path, group: bool
             for r in range(world)]
 
 
+@pytest.mark.slow
 def test_sharded_teacher_pass_two_gloo_ranks_equals_one_process(env, tmp_path):
     one = _teacher_run(env, tmp_path, "one", 1, tmp_path / "cache1")[0]
     assert one["computed"] == 4 and one["meta_writes"] == 2 and one["made"] == 1 and one["released"]
@@ -134,6 +135,7 @@ def test_sharded_teacher_pass_two_gloo_ranks_equals_one_process(env, tmp_path):
     assert [(r["computed"], r["made"], r["meta_writes"]) for r in again] == [(0, 0, 0), (0, 0, 0)]
 
 
+@pytest.mark.slow
 def test_two_jobs_filling_one_cache_dir_at_once_leave_it_whole(env, tmp_path):
     # two independent processes (no process group) both compute every shard into the same directory
     jobs = _teacher_run(env, tmp_path, "jobs", 2, tmp_path / "cache", group=False)
@@ -213,6 +215,7 @@ def _export_worker(rank: int, world: int, port: int, model_dir: str, out: str) -
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_export_gathers_fsdp2_shards_on_two_gloo_ranks_and_round_trips(env, tmp_path):
     from sparsespec.models.loading import load_model
 
@@ -251,6 +254,7 @@ def _ddp_main(model_dir: str, corpus: str, out: str) -> None:
         "export_dir": str(res["export_dir"]) if res["export_dir"] else None, "released": dm.teacher.target is None}))
 
 
+@pytest.mark.slow
 def test_train_py_under_lightning_ddp_two_cpu_processes(env, tmp_path):
     from sparsespec.models.loading import load_model
 
