@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,122 +18,40 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import (
+    CONF,
+    CTX,
+    NEW,
+    ROOT,
+    base_overrides,
+    evaluate_cmd,
+    pairs,
+    run_evaluate,
+    run_inproc,
+    sub_env,
+)
 from hydra import compose, initialize_config_dir
-from test_data import make_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from sparsespec.config import parse_ctx, register_configs
-from sparsespec.eval.harness import EvaluationError, build_methods, run_evaluation
+from sparsespec.eval.harness import EvaluationError, build_methods
 from sparsespec.eval.results import CONTRACT_FIELDS, read_rows
 from sparsespec.eval.summary import PLOTS, build_report, summarize
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-CTX = 192
-NEW = 10
 PNG = b"\x89PNG\r\n\x1a\n"
-WORDS = ("the river ferryman crossed story question answer paragraph summary book key pass value number "
-         "sequence digits green sky blue sun yellow grass there back again special magic hidden text").split()
 
 register_configs()
 
 
-# ---------------------------------------------------------------------------------------------
-# fixtures: a tiny target with its tokenizer, a drafter with another tokenizer, documents
-# ---------------------------------------------------------------------------------------------
-
-
-def _doc(seed: int, n_words: int = 820) -> str:
-    rng = random.Random(seed)
-    lines = []
-    while n_words > 0:
-        k = rng.randint(5, 12)
-        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + f". {rng.randint(0, 999)}")
-        n_words -= k
-    return "\n".join(lines)
-
-
-def _tiny_llama(vocab: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      initializer_range=0.25, bos_token_id=0, eos_token_id=1)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def _other_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([_doc(99)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("harness")
-    tok = make_tokenizer(chat=False)
-    model_dir = root / "target"
-    _tiny_llama(len(tok), seed=0).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    other = _other_tokenizer()
-    other_dir = root / "other_drafter"
-    _tiny_llama(len(other), seed=1).save_pretrained(other_dir)
-    other.save_pretrained(other_dir)
-    docs = root / "docs"
-    docs.mkdir()
-    for i in range(6):  # ~1.1k tokens each, so ctx=1k fits; file names sort in this order
-        (docs / f"doc{i}.txt").write_text(_doc(i), encoding="utf-8")
-    assert len(tok(_doc(0))["input_ids"]) > 1100
-    return {"root": root, "tok": tok, "model": model_dir, "other": other_dir, "docs": docs}
+@pytest.fixture
+def env(harness_env):
+    """The tiny target, a drafter with another tokenizer and six documents (conftest.harness_env)."""
+    return harness_env
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    import datasets
-
-    monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
-
-
-def base_overrides(env, out: Path, *extra: str) -> list[str]:
-    return [f"model.path={env['model']}", "dataset=text", f"dataset.path={env['docs']}", f"ctx={CTX}",
-            f"gen.max_new_tokens={NEW}", "runtime.warmup=false", "runtime.progress=false", "runtime.threads=2",
-            f"out_dir={out}", *extra]
-
-
-def run_inproc(env, out: Path, *extra: str, methods: tuple[str, ...] | None = None) -> list[dict]:
-    """evaluate.py's work without the process: compose, one config per listed method, run."""
-    ovr = base_overrides(env, out, *extra)
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("evaluate", overrides=ovr)
-        mcfgs = [compose("evaluate", overrides=[*ovr, f"method={m}"]).method for m in methods] if methods else None
-    run_evaluation(cfg, mcfgs)
-    return read_rows(out / "results.jsonl")
-
-
-def evaluate_cmd(env, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(env, out, *extra)]
-
-
-def sub_env(tmp: Path) -> dict:
-    return {**os.environ, "SPARSESPEC_CACHE": str(tmp / "cache"), "HF_DATASETS_CACHE": str(tmp / "hf_cache"),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-
-
-def run_evaluate(env, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(evaluate_cmd(env, out, *extra), cwd=ROOT, env=sub_env(out.parent), capture_output=True,
-                          text=True, timeout=300)
-
-
-def pairs(rows: list[dict]) -> list[tuple[str, str]]:
-    return [(r["sample_id"], r["method"]) for r in rows]
+def _isolated(isolated):
+    """Every test's caches in its own tmp_path (conftest.isolated)."""
+    return isolated
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,6 +59,7 @@ def pairs(rows: list[dict]) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
 def test_evaluate_method_list_output_contract(env, tmp_path):
     out = tmp_path / "run"
     proc = run_evaluate(env, out, "method=[ar,magicdec,sparsespec_l]", "limit=2")
@@ -248,6 +166,7 @@ def test_ar_runs_first_so_every_row_gets_its_speedup():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
 def test_unknown_method_and_missing_model_exit_nonzero_without_results(env, tmp_path):
     out = tmp_path / "unknown"
     proc = run_evaluate(env, out, "method=nosuch")
@@ -351,6 +270,7 @@ def test_resume_skips_finished_pairs_and_repairs_a_torn_line(env, tmp_path):
     assert (out / "results.jsonl").read_bytes() == data
 
 
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
 def test_rerun_after_sigkill_has_no_duplicate_and_no_missing_row(env, tmp_path):
     out = tmp_path / "killed"
     # 5 samples x 2 methods: the first line lands well before the end
@@ -466,6 +386,7 @@ def _row(sample: str, method: str, ctx: int, wall: float, alpha=None, budget=Non
     return r
 
 
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
 def test_report_script_rebuilds_summary_and_plots_from_several_runs(tmp_path):
     run1, run2 = tmp_path / "run1", tmp_path / "run2"
     rows1, rows2 = [], []
@@ -609,6 +530,25 @@ def test_a_method_list_is_composed_per_method_not_merged_by_hydra(monkeypatch):
         compose_run(["method=magicdec", "method.drafter.policy.ratoi=0.5"])
     with pytest.raises(ConfigError, match=r"^method/controller=fixed: ar has no such key"):
         compose_run(["method=ar", "method/controller=fixed"])
+
+
+def test_the_entry_point_in_process(env, tmp_path):
+    """evaluate.py's own steps without a process: a method list composed and run, its command kept;
+    bad input is exit status 2 with nothing written."""
+    from sparsespec.eval import cli
+
+    out = tmp_path / "list"
+    run = cli.compose_run(base_overrides(env, out, "method=[ar,magicdec]", "limit=1", "gen.max_new_tokens=4",
+                                         "method.controller.k=2"))
+    assert cli.run(run) == out
+    rows = read_rows(out / "results.jsonl")
+    assert pairs(rows) == [("text/doc0", "ar"), ("text/doc0", "magicdec")] and rows[1]["exact_match_ar"]
+    assert rows[1]["method_config"]["controller"]["k"] == 2
+    assert (out / "command.txt").read_text().startswith("python evaluate.py model.path=")
+    bad = tmp_path / "bad"
+    assert cli.main(["method=ar", "method.controller.k=3", f"out_dir={bad}"]) == 2 and not bad.exists()
+    assert cli.main([*base_overrides(env, bad, "method=sd", f"drafter.path={tmp_path / 'none'}")]) == 2
+    assert not bad.exists()
 
 
 def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(env, tmp_path):

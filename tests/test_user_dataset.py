@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_harness import ROOT, _doc, base_overrides, env, sub_env  # noqa: F401 (env: the tiny model fixture)
+from helpers import ROOT, base_overrides, doc, sub_env
 
 from sparsespec.data import DatasetError, load_samples, loader_options
 
@@ -30,18 +30,19 @@ def write_doc_examples(folder: Path) -> dict[str, Path]:
 
 def write_questions(path: Path, n: int = 3) -> Path:
     """Documents in the tiny tokenizer's words; each answer is a word of its document."""
-    rows = [{"id": i, "document": _doc(10 + i, 300), "question": "what crossed the river?", "answer": "ferryman"}
+    rows = [{"id": i, "document": doc(10 + i, 300), "question": "what crossed the river?", "answer": "ferryman"}
             for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
 
-def test_a_users_dataset_runs_from_the_command_line_with_its_metric(env, tmp_path):  # noqa: F811
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
+def test_a_users_dataset_runs_from_the_command_line_with_its_metric(harness_env, tmp_path):
     write_doc_examples(tmp_path)
     data = write_questions(tmp_path / "questions.jsonl")
     out = tmp_path / "run"
     # base_overrides picks dataset=text; the later dataset=my_qa wins, as on any command line
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(env, out, "limit=2"),
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(harness_env, out, "limit=2"),
            f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "dataset=my_qa", f"dataset.path={data}",
            "method=[ar,sparsespec_l]", "gen.use_task_length=true", "ctx=256"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**sub_env(tmp_path), "PYTHONPATH": str(tmp_path / "my_data")},
@@ -58,25 +59,25 @@ def test_a_users_dataset_runs_from_the_command_line_with_its_metric(env, tmp_pat
     assert "_target_: my_qa.load" in saved and "instruction: Answer the question from the document." in saved
 
 
-def test_a_users_dataset_through_the_python_api(env, tmp_path, monkeypatch):  # noqa: F811
+def test_a_users_dataset_through_the_python_api(harness_env, tmp_path, monkeypatch):
     write_doc_examples(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "my_data"))
     sys.modules.pop("my_qa", None)
     data = write_questions(tmp_path / "questions.jsonl")
     assert loader_options("my_qa.load") == ["instruction"]
-    samples = load_samples("my_qa.load", env["tok"], 128, path=str(data), limit=2, instruction="Answer:")
+    samples = load_samples("my_qa.load", harness_env["tok"], 128, path=str(data), limit=2, instruction="Answer:")
     assert [s.sample_id for s in samples] == ["my_qa/0", "my_qa/1"]
     assert all(len(s.prompt_ids) == 128 and s.meta["truncated"] for s in samples)  # cut to ctx in the middle
     with pytest.raises(DatasetError, match="dataset=my_qa needs dataset.path=FILE"):
-        load_samples("my_qa.load", env["tok"], 128)
+        load_samples("my_qa.load", harness_env["tok"], 128)
     with pytest.raises(DatasetError, match="no option 'instructions'.*instruction"):
-        load_samples("my_qa.load", env["tok"], 128, path=str(data), instructions="x")
+        load_samples("my_qa.load", harness_env["tok"], 128, path=str(data), instructions="x")
     with pytest.raises(DatasetError, match="dataset.task=qa: dataset=my_qa.load takes no task"):
-        load_samples("my_qa.load", env["tok"], 128, path=str(data), task="qa")
+        load_samples("my_qa.load", harness_env["tok"], 128, path=str(data), task="qa")
     sys.modules.pop("my_qa", None)
 
 
-def test_a_dataset_target_that_cannot_be_imported_is_named_before_the_model_loads(env, tmp_path):  # noqa: F811
+def test_a_dataset_target_that_cannot_be_imported_is_named_before_the_model_loads(harness_env, tmp_path):
     from sparsespec.config import ConfigError, compose, validate_evaluate_config
 
     write_doc_examples(tmp_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_harness import ROOT, base_overrides, env, sub_env  # noqa: F401 (env: the tiny model fixture)
+from helpers import ROOT, base_overrides, sub_env
 
 import sparsespec
 from sparsespec.config import ConfigError
@@ -33,10 +33,11 @@ def write_doc_examples(folder: Path) -> dict[str, Path]:
     return out
 
 
-def test_a_users_kv_policy_runs_from_the_command_line_and_is_exact(env, tmp_path):  # noqa: F811
+@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
+def test_a_users_kv_policy_runs_from_the_command_line_and_is_exact(harness_env, tmp_path):
     write_doc_examples(tmp_path)
     out = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(env, out, "limit=2"),
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), *base_overrides(harness_env, out, "limit=2"),
            f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "method=[ar,key_norm]", "method.drafter.policy.ratio=0.2"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**sub_env(tmp_path), "PYTHONPATH": str(tmp_path / "my_parts")},
                           capture_output=True, text=True, timeout=300)
@@ -49,12 +50,12 @@ def test_a_users_kv_policy_runs_from_the_command_line_and_is_exact(env, tmp_path
     assert any(r["acceptance_rate"] < 1 for r in mine)  # a sparse view: some drafts rejected
 
 
-def test_a_users_kv_policy_through_the_python_api(env, tmp_path, monkeypatch):  # noqa: F811
+def test_a_users_kv_policy_through_the_python_api(harness_env, tmp_path, monkeypatch):
     write_doc_examples(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "my_parts"))
-    pipe = sparsespec.pipeline("key_norm", model=str(env["model"]), config_dir=tmp_path / "my_conf",
+    pipe = sparsespec.pipeline("key_norm", model=str(harness_env["model"]), config_dir=tmp_path / "my_conf",
                                 drafter__policy__ratio=0.2, device="cpu")
-    ar = sparsespec.pipeline("ar", model=str(env["model"]))
+    ar = sparsespec.pipeline("ar", model=str(harness_env["model"]))
     assert pipe.target.device.type == "cpu" and pipe.target.dtype == ar.target.dtype == torch.float32
     prompt = list(range(2, 300))
     streamed = []
@@ -69,29 +70,29 @@ def test_a_users_kv_policy_through_the_python_api(env, tmp_path, monkeypatch):  
     assert outs[0].result.batch_size == 2 and sorted(set(got)) == [0, 1] and len(got) == 48
 
 
-def test_a_policy_whose_score_has_the_wrong_shape_is_named(env, tmp_path, monkeypatch):  # noqa: F811
+def test_a_policy_whose_score_has_the_wrong_shape_is_named(harness_env, tmp_path, monkeypatch):
     paths = write_doc_examples(tmp_path)
     text = paths["my_parts/key_norm.py"].read_text()
     paths["my_parts/key_norm.py"].write_text(text.replace("for k in cache.k])", "for k in cache.k])[:, :1]"))
     monkeypatch.syspath_prepend(str(tmp_path / "my_parts"))
     sys.modules.pop("key_norm", None)
-    pipe = sparsespec.pipeline("key_norm", model=str(env["model"]), config_dir=tmp_path / "my_conf")
+    pipe = sparsespec.pipeline("key_norm", model=str(harness_env["model"]), config_dir=tmp_path / "my_conf")
     with pytest.raises(KVPolicyError, match=r"KeyNorm.score returned shape .*expected \[layers, kv_heads, length\]"):
         pipe.generate(list(range(2, 300)), max_new_tokens=8)
     sys.modules.pop("key_norm", None)
 
 
-def test_pipeline_bad_names_say_what_to_fix(env):  # noqa: F811
+def test_pipeline_bad_names_say_what_to_fix(harness_env):
     with pytest.raises(ConfigError, match="method/nosuch"):
-        sparsespec.pipeline("nosuch", model=str(env["model"]))
+        sparsespec.pipeline("nosuch", model=str(harness_env["model"]))
     with pytest.raises(ConfigError, match="method.drafter.policy.ratio=2"):
-        sparsespec.pipeline("magicdec", model=str(env["model"]), drafter__policy__ratio=2)
+        sparsespec.pipeline("magicdec", model=str(harness_env["model"]), drafter__policy__ratio=2)
     with pytest.raises(MethodConfigError, match="drafter=DIR"):
-        sparsespec.pipeline("sd", model=str(env["model"]))
+        sparsespec.pipeline("sd", model=str(harness_env["model"]))
     with pytest.raises(ConfigError, match=r"model.device=cuda:99: (CUDA is not available|this machine has)"):
-        sparsespec.pipeline("ar", model=str(env["model"]), device="cuda:99")
+        sparsespec.pipeline("ar", model=str(harness_env["model"]), device="cuda:99")
     with pytest.raises(ConfigError, match=r"model.device='gpu': expected auto, cpu, cuda or cuda:N"):
-        sparsespec.pipeline("ar", model=str(env["model"]), device="gpu")
+        sparsespec.pipeline("ar", model=str(harness_env["model"]), device="gpu")
 
 
 def test_a_parts_setting_error_is_named_at_the_key_the_user_set(tmp_path, monkeypatch):
