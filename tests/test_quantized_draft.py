@@ -459,11 +459,13 @@ def test_evaluate_exits_nonzero_on_an_unknown_kv_format_and_writes_nothing(tmp_p
     assert "Traceback" not in text and not out.exists()
 
 
-@pytest.mark.slow  # about a minute on 2 cores: the model's load and its int4 copy
+@pytest.mark.slow  # a minute or more on 2 cores: two generations on the real model
 @pytest.mark.embedded
 def test_quantspec_is_exact_on_smollm2():
     """The embedded SmolLM2 with quantspec's int4 weights and int8 view of the whole cache, on a held-
-    out book: ar's tokens, with rejections."""
+    out book: ar's tokens. Its int4 layers hold the checkpoint's own 4-bit blocks exactly, so the
+    lm_head is put in int4 too (lossy for its 8-bit weights), which makes the draft disagree
+    somewhere: the test can fail."""
     from sparsespec.data.pg19 import load_books, select_split
     from sparsespec.models.loading import load_model
     from sparsespec.models.runner import CausalLM
@@ -472,8 +474,8 @@ def test_quantspec_is_exact_on_smollm2():
     lm = CausalLM(loaded.model)
     book = select_split(load_books(), "eval")[0]["text"]
     prompt = loaded.tokenizer(book[100_000:104_000])["input_ids"][:400]
-    ar = SpeculativeEngine(lm).generate(prompt, 24).output_ids
-    res = load_method("quantspec", []).build(lm).generate(prompt, 24)
+    ar = SpeculativeEngine(lm).generate(prompt, 32).output_ids
+    res = load_method("quantspec", ["method.drafter.head_weights=int4"]).build(lm).generate(prompt, 32)
     assert res.output_ids == ar
     assert res.drafted > res.accepted > 0
     assert res.extra["draft_weights"].startswith("int4-g32") and res.extra["draft_kv"] == "int8"
