@@ -1,6 +1,7 @@
 """The GPU check's speed table (scripts/gpu_check.sh): Hugging Face generate() with its static
-cache against our ar, magicdec and sparsespec_l, on the embedded SmolLM2 at 8k, 32k and 128k and on
-a randomly initialised model of Llama-3.1-8B's shape at 32k and 128k.
+cache against our ar, magicdec, sparsespec_l and the int4-draft methods sparsespec_l_q and
+quantspec, on the embedded SmolLM2 at 8k, 32k and 128k and on a randomly initialised model of
+Llama-3.1-8B's shape at 32k and 128k.
 
 Why it is built this way:
 - It must run on a bare GPU machine that may lack Hydra/OmegaConf and the embedded model. With
@@ -45,7 +46,7 @@ from sparsespec.reports import Say, silent
 
 log = logging.getLogger(__name__)
 
-OURS = ("ar", "magicdec", "sparsespec_l")
+OURS = ("ar", "magicdec", "sparsespec_l", "sparsespec_l_q", "quantspec")
 # Hugging Face generate() as this check runs it: SDPA over a StaticCache with an attention mask. With a
 # mask, SDPA cannot use its flash kernel and repeats K/V once per query head of a group (4x for
 # Llama-3.1-8B's 32 query / 8 KV heads), so it is a weak baseline, named for what it is
@@ -152,12 +153,15 @@ def method_builders(use_hydra: bool) -> dict[str, Builder]:
         return {name: (lambda target, m=m: m.build(target)) for name, m in methods.items()}
     from sparsespec.decoding.controllers import EntropyController, FixedK
     from sparsespec.decoding.drafters import SelfDrafter
-    from sparsespec.kv.policies import StreamingKV
+    from sparsespec.kv.policies import FullKV, StreamingKV
     from sparsespec.kv.recall import RecallIndex
 
+    low_bit = {"weights": "int4", "head_weights": "int8"}  # as conf/method/sparsespec_l_q.yaml and quantspec.yaml
     return {"ar": lambda t: SpeculativeEngine(t),
             "magicdec": lambda t: SpeculativeEngine(t, SelfDrafter(StreamingKV()), FixedK()),
-            "sparsespec_l": lambda t: SpeculativeEngine(t, SelfDrafter(RecallIndex()), EntropyController())}
+            "sparsespec_l": lambda t: SpeculativeEngine(t, SelfDrafter(RecallIndex()), EntropyController()),
+            "sparsespec_l_q": lambda t: SpeculativeEngine(t, SelfDrafter(RecallIndex(), **low_bit), EntropyController()),
+            "quantspec": lambda t: SpeculativeEngine(t, SelfDrafter(FullKV(), **low_bit, kv="int8"), FixedK())}
 
 
 def embedded_available() -> tuple[bool, str]:
