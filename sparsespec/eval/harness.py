@@ -299,6 +299,8 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
         except MethodConfigError as e:
             raise EvaluationError(str(e)) from None
 
+    planned = {m.name: planned_speedup(m, target, ctx, batch_size, drafter_model) for m in methods}
+
     # -- run ------------------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
     with RunLock(out_dir / SHARED_LOCK):  # shards share these files: command.txt is read, then rewritten
@@ -339,6 +341,7 @@ def _evaluate(cfg: DictConfig, method_cfgs: list[DictConfig] | None, command: st
             for sample, row in zip(pending, rows, strict=True):
                 _finish_row(row, sample, method, ctx, results.done(sample.sample_id, "ar"), sampling, tokenizer,
                             stop_ids, metric)
+                row["planned_speedup"] = planned[method.name]
                 results.append(row)
                 bar.update(1)
                 if row.get("exact_match_ar") is False:
@@ -388,6 +391,25 @@ def _prefill_bar(n_tokens: int, label: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=n_tokens, desc=f"prefill {label}", unit="tok", leave=False)
+
+
+def planned_speedup(method: Method, target, ctx: int, batch: int, drafter_model=None) -> float | None:
+    """The planner's speedup over ar for this method, made before it runs (sparsespec.plan: this
+    device's profile, the committed acceptance curves): None for ar, for a device with no profile, or
+    for a method the planner has no acceptance data for. A prediction, so it never stops a run."""
+    if method.name == "ar" or target.device.type != "cpu":  # GPU profiles are datasheet figures until probed
+        return None
+    from sparsespec.plan import Dtypes, planned
+
+    dtype = str(target.dtype).removeprefix("torch.")
+    try:
+        prediction = planned(method.as_dict(), target.config.to_dict(), ctx, batch, profile="cpu",
+                             dtypes=Dtypes(weights=dtype, kv=dtype, blocks=dtype == "float32"),
+                             drafter=None if drafter_model is None else drafter_model.config.to_dict())
+    except ValueError as e:  # a shape, method or part the planner does not price
+        log.debug("no planned speedup for %s: %s", method.name, e)
+        return None
+    return None if prediction is None else round(prediction.speedup, 3)
 
 
 def _finish_row(row: dict, sample, method: Method, ctx: int, ar_row: dict | None, sampling: Sampling, tokenizer,

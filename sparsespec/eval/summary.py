@@ -28,7 +28,7 @@ from sparsespec.eval.results import read_rows, results_files, split_of, write_at
 log = logging.getLogger(__name__)
 
 METRICS = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "gamma", "k_mean",
-           "predicted_speedup", "prefill_s", "wall_s", "score", "exact_match_ar", "budget_tokens", "prompt_tokens",
+           "predicted_speedup", "planned_speedup", "prefill_s", "wall_s", "score", "exact_match_ar", "budget_tokens", "prompt_tokens",
            "new_tokens", "aggregate_tokens_per_s", "aggregate_speedup", "draft_step_bytes")
 PLOTS = ("speedup_vs_ctx.png", "acceptance_vs_ctx.png", "acceptance_vs_budget.png", "accepted_hist.png")
 _NOT_VARIANT = ("name", "_target_")
@@ -128,8 +128,8 @@ def to_markdown(summary: list[dict]) -> str:
     reads = any(e.get("draft_reads") for e in summary)  # a draft in a low-bit format says what it read
     extra = ("| B | aggregate tokens/s | aggregate vs ar ", "|---|---|---") if batched else ("", "")
     head = (f"| method | dataset | ctx {extra[0]}| n | tokens/s | speedup vs ar | α (acceptance) | τ (tokens/round) "
-            f"| γ | k | predicted S | identical to ar | score |{' draft step read |' if reads else ''}\n"
-            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|{'---|' if reads else ''}\n")
+            f"| γ | k | predicted S | planned S | identical to ar | score |{' draft step read |' if reads else ''}\n"
+            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|---|{'---|' if reads else ''}\n")
     lines = []
     for e in summary:
         cols = (f"| {e.get('batch_size', 1)} | {_fmt(e.get('aggregate_tokens_per_s'))} | "
@@ -139,7 +139,7 @@ def to_markdown(summary: list[dict]) -> str:
             f"| {_fmt(e['tokens_per_s'])} "
             f"| {_fmt(e['speedup'])} | {_fmt(e['acceptance_rate'])} | {_fmt(e['mean_accepted_tokens'])} "
             f"| {_fmt(e['gamma'], 3)} | {_fmt(e['k_mean'], 1)} | {_fmt(e['predicted_speedup'])} "
-            f"| {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
+            f"| {_fmt(e.get('planned_speedup'))} | {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
             + (f" {e.get('draft_reads') or '—'} |" if reads else "")
         )
     return head + "\n".join(lines) + "\n"
