@@ -400,3 +400,9 @@ def script(name: str):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     return importlib.import_module(name)
+
+
+def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`python ARGS` in cwd with the repository importable, its output captured."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

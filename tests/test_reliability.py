@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_prompt, tiny_hf
-from helpers import ROOT, compose_cfg, overrides, tiny_target
+from helpers import ROOT, compose_cfg, overrides, run_python, tiny_target
+from helpers import run_python as _run  # noqa: F401 (test_quantized_draft imports it from here)
 from helpers import text as _text
 from lightning.pytorch.callbacks import Callback
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -171,22 +172,17 @@ def test_shipped_train_configs_validate(group):
     validate_train_config(compose_cfg("train", [group]))
 
 
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.slow
 def test_sweep_values_of_the_wrong_type_exit_nonzero(tmp_path):
     # the flat key=value form a W&B agent passes, through the real entry points
-    r = _run([str(ROOT / "train.py"), "trainer.max_steps=abc", f"out_dir={tmp_path / 't'}"], tmp_path)
+    r = run_python([str(ROOT / "train.py"), "trainer.max_steps=abc", f"out_dir={tmp_path / 't'}"], tmp_path)
     assert r.returncode != 0 and "trainer.max_steps" in r.stderr + r.stdout
     assert not (tmp_path / "t" / "checkpoints").exists()
-    r = _run([str(ROOT / "evaluate.py"), "method.drafter.policy.ratio=high", f"out_dir={tmp_path / 'e'}"], tmp_path)
+    r = run_python([str(ROOT / "evaluate.py"), "method.drafter.policy.ratio=high", f"out_dir={tmp_path / 'e'}"], tmp_path)
     assert r.returncode != 0 and "method.drafter.policy.ratio" in r.stderr + r.stdout
     assert not (tmp_path / "e").exists()
     # a part the method does not have (ar has no drafter): one line naming the key, exit 2
-    r = _run([str(ROOT / "evaluate.py"), "method=ar", "method.drafter.policy.ratio=0.5", f"out_dir={tmp_path / 'a'}"],
+    r = run_python([str(ROOT / "evaluate.py"), "method=ar", "method.drafter.policy.ratio=0.5", f"out_dir={tmp_path / 'a'}"],
              tmp_path)
     assert r.returncode == 2 and "method.drafter.policy.ratio=0.5: ar has no such key" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr + r.stdout and not (tmp_path / "a").exists()
