@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sparsespec.checks import ConfigError, close
 from sparsespec.config import CONF_DIR, hydra_error_line, register_configs
+from sparsespec.eval.auto import AUTO, choose
 
 log = logging.getLogger("evaluate")
 CONFIG = "evaluate"
@@ -147,6 +148,9 @@ def compose_run(args: list[str]) -> Run:
     held = HydraConfig.instance().cfg
     inside_app = GlobalHydra.instance().is_initialized()  # compose in the app's context (its search path)
     with contextlib.nullcontext() if inside_app else initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        if names is not None and AUTO in names:  # the planner's pick under this run's settings
+            chosen = choose(_compose([*common, "method=ar"]))
+            names = list(dict.fromkeys(chosen if n == AUTO else n for n in names))
         out, bares = _compose_methods(common, names, typed)
         named = out[0] if len(out) == 1 else bares[0]  # a list's default out_dir: its first method's ...
         try:
