@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import random_prompt, tiny_lm
-from test_sampling import BATCH, TV_BOUND, exact_marginals, tv
+from helpers import BATCH, TV_BOUND, exact_marginals, tv
 
 from sparsespec.config import ConfigError, load_method
 from sparsespec.decoding.controllers import EntropyController, FixedK
@@ -222,8 +222,9 @@ def test_a_format_without_a_kernel_on_this_device_is_refused(monkeypatch):
 def test_evaluate_refuses_a_format_the_model_cannot_take_before_writing_anything(tmp_path):
     """Through the harness: the refusal comes after the model loads (it depends on its shapes) and
     before the out_dir exists."""
-    from test_reliability import compose_cfg
-    from test_training import _text, make_tokenizer, tiny_target
+    from helpers import compose_cfg, tiny_target
+    from helpers import text as _text
+    from helpers import training_tokenizer as make_tokenizer
 
     from sparsespec.eval.harness import EvaluationError, run_evaluation
 
@@ -452,7 +453,8 @@ def test_an_unknown_kv_format_is_refused_in_one_line():
 
 
 def test_evaluate_exits_nonzero_on_an_unknown_kv_format_and_writes_nothing(tmp_path):
-    from test_reliability import ROOT, _run
+    from helpers import ROOT
+    from helpers import run_python as _run
 
     out = tmp_path / "e"
     r = _run([str(ROOT / "evaluate.py"), "method=magicdec", "method.drafter.kv=fp8", f"out_dir={out}"], tmp_path)
