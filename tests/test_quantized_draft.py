@@ -148,9 +148,10 @@ def test_shipped_quantized_methods_are_exact_and_say_what_their_draft_read():
     for name in ("magicdec_q", "sparsespec_l_q"):
         res = load_method(name, ["method.drafter.policy.ratio=0.2"]).build(target).generate(prompt, 20)
         assert res.output_ids == ar
-        assert res.extra["draft_weights"] == "int4-g32" and res.extra["draft_kv"] == "fp32"
-        # the weights in int4 (an eighth of float32's, plus scales) and the K/V of a view of some tokens
-        weights = quantized.linear_bytes(target, "int4", "int4", 32)
+        assert res.extra["draft_weights"].startswith("int4-g32, lm_head int8") and res.extra["draft_kv"] == "fp32"
+        # the layers in int4 (an eighth of float32's, plus scales), the lm_head in int8, and the K/V
+        # of a view of some tokens
+        weights = quantized.linear_bytes(target, "int4", "int8", 32)
         assert weights < quantized.linear_bytes(target, "fp", "fp", 32) / 6
         kv = res.extra["draft_step_bytes"] - weights
         per_token = 2 * target.n_layers * target.n_kv_heads * target.head_dim * 4
