@@ -4,12 +4,12 @@ benchmark's schema and loaded through the same ``datasets`` code path as a hub l
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import make_tokenizer
 
 from sparsespec.data import (
     DatasetError,
@@ -25,49 +25,10 @@ from sparsespec.data import pg19 as pg19_module
 from sparsespec.data.prompts import encode, fit_text, make_frame, middle_truncate
 
 PG19_FILE = pg19_module.DEFAULT_PATH
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 # ---------------------------------------------------------------------------------------------
 # tokenizers and fixture writers
 # ---------------------------------------------------------------------------------------------
-
-
-def _training_text() -> str:
-    rng = random.Random(0)
-    words = (
-        "the a of and to in is was river ferryman crossed story question answer paragraph summary book key "
-        "pass value number sequence digits green sky blue sun yellow grass there back again special magic "
-        "hidden text memorize quiz variable chain assigned correct choice read following given passages"
-    ).split()
-    lines = []
-    for i in range(400):
-        sent = " ".join(rng.choice(words) for _ in range(rng.randint(4, 12)))
-        lines.append(f"{sent.capitalize()}. {rng.randint(0, 99999)} {{\"k\": \"v\"}}, (A) B-c: {i}!")
-    return "\n".join(lines)
-
-
-def make_tokenizer(chat: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_training_text()], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    if chat:
-        hf.chat_template = CHAT_TEMPLATE
-    return hf
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 import torch
 from conftest import random_prompt, tiny_hf
 from helpers import ROOT, compose_cfg, overrides, run_python, tiny_target
-from helpers import run_python as _run  # noqa: F401 (test_quantized_draft imports it from here)
 from helpers import text as _text
 from lightning.pytorch.callbacks import Callback
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from helpers import CONF, overrides, run_train, tiny_target
 from helpers import text as _text
-from helpers import training_tokenizer as make_tokenizer  # noqa: F401 (test_quantized_draft imports it from here)
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
