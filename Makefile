@@ -32,7 +32,7 @@ demo: model
 test: model
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
-# the edit loop: everything but the tests marked slow (those that start other processes)
+# the edit loop: everything but the tests marked slow (those that start other processes or load SmolLM2)
 test-fast: model
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow"
 

@@ -103,3 +103,10 @@ def isolated(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     return cache
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the real SmolLM2 (`embedded`) is slow as well: it loads and decodes a 135M model."""
+    for item in items:
+        if item.get_closest_marker("embedded"):
+            item.add_marker(pytest.mark.slow)
