@@ -1,5 +1,5 @@
-"""BudgetDraft training, offline and fast: a tiny random Llama target, a tiny BPE tokenizer built
-here, a small generated corpus. Covers losses (hand-computed), mask/view parity with the inference
+"""BudgetDraft training, offline and fast: a tiny random Llama target, a tiny BPE tokenizer trained
+in the tests, a small generated corpus (tests/helpers.py). Covers losses (hand-computed), mask/view parity with the inference
 runner, train.py through Hydra compose, resume, export -> speculative round trip, teacher cache."""
 
 from __future__ import annotations
