@@ -6,16 +6,21 @@ of models/quantized.py against the float32 product the target's own step takes (
 
 from __future__ import annotations
 
+import statistics
+
 from sparsespec.reports import Say
 
 
 def bench_weight_formats(repeats: int, say: Say, rows: int = 1, torchao: bool = False) -> dict:
-    """{model, threads, rows, repeats, formats}: per format the step's time, bytes and read rate.
+    """{model, threads, rows, repeats, formats}: per format the step's time, bytes and read rate;
+    int8 and int4 both as the float32 target's draft holds them on the CPU (GGUF blocks in the
+    project's kernel, float32 rows) and through torch's packed ops (bf16 rows), in turns.
     torchao: also time torchao's weight-only int8 / int4 configs where the package imports."""
     import torch
 
+    from sparsespec.models import quantized
     from sparsespec.models.loading import load_model
-    from sparsespec.models.quantized import WEIGHT_FORMATS, draft_model, format_problem, linear_bytes
+    from sparsespec.models.quantized import WEIGHT_FORMATS, DraftLM, draft_model, format_problem, linear_bytes
     from sparsespec.models.runner import CausalLM
     from sparsespec.reports.kernels import median_ms
 
@@ -34,16 +39,32 @@ def bench_weight_formats(repeats: int, say: Say, rows: int = 1, torchao: bool = 
             model._logits(x)
         return run
 
-    out = []
+    cases = []  # (format label, product, model, bytes)
     for fmt in WEIGHT_FORMATS:
         if format_problem(fmt, "cpu") is not None:
             say(f"{fmt}: {format_problem(fmt, 'cpu')}")
             continue
         model = draft_model(target, fmt, group=32)
-        nbytes = linear_bytes(target, fmt, fmt, 32)
-        ms = median_ms(step(model), repeats)
-        out.append({"format": fmt, "op": _OPS[fmt], "ms": ms, "bytes": nbytes, "gbs": nbytes / ms / 1e6})
-        say(f"{fmt:5s} {_OPS[fmt]:40s} {ms:6.1f} ms  {nbytes / 1e6:6.0f} MB  {nbytes / ms / 1e6:5.1f} GB/s")
+        blocks = quantized.block_format(fmt, 32, "cpu", torch.float32, hidden)
+        cases.append((fmt, _BLOCK_OPS[blocks] if blocks else _OPS[fmt], model, linear_bytes(target, fmt, fmt, 32)))
+        if blocks:  # the same format through torch's packed op, bf16 rows
+            block_format = quantized.block_format
+            quantized.block_format = lambda *a: None
+            try:
+                torch_model = DraftLM(target, fmt, fmt, 32)
+                cases.append((f"{fmt} (torch)", _OPS[fmt], torch_model, linear_bytes(target, fmt, fmt, 32)))
+            finally:
+                quantized.block_format = block_format
+    times: dict[str, list[float]] = {label: [] for label, *_ in cases}
+    for _ in range(repeats):  # in turns, so a change in the machine's load reaches every case alike
+        for label, _op, model, _nbytes in cases:
+            times[label].append(median_ms(step(model), 1))
+    out = []
+    for label, op, _model, nbytes in cases:
+        ms = statistics.median(times[label])
+        out.append({"format": label, "op": op, "ms": ms, "ms_range": [min(times[label]), max(times[label])],
+                    "bytes": nbytes, "gbs": nbytes / ms / 1e6})
+        say(f"{label:12s} {op:50s} {ms:6.1f} ms  {nbytes / 1e6:6.0f} MB  {nbytes / ms / 1e6:5.1f} GB/s")
     if torchao:
         out += _torchao_rows(target, x, mid, repeats, say)
     base = next(r["ms"] for r in out if r["format"] == "fp")
@@ -53,6 +74,7 @@ def bench_weight_formats(repeats: int, say: Say, rows: int = 1, torchao: bool = 
             "repeats": repeats, "formats": out}
 
 
+_BLOCK_OPS = {"q4_1": "Q4_1 blocks, project's kernel, float32 rows", "q8_0": "Q8_0 blocks, project's kernel, float32 rows"}
 _OPS = {"fp": "runner.linear, float32 (the target's own)", "bf16": "F.linear, bfloat16",
         "int8": "aten._weight_int8pack_mm, bf16 activations",
         "int4": "aten._weight_int4pack_mm_for_cpu, group 32, bf16 activations"}
@@ -102,9 +124,11 @@ def _torchao_rows(target, x, mid, repeats: int, say: Say) -> list[dict]:
 
 def weight_formats_table(report: dict) -> str:
     """The saved benchmark as markdown."""
-    lines = ["| format | product | ms per step | MB read | GB/s | × float32 |", "|---|---|---|---|---|---|"]
+    lines = [f"| format | product | ms per step ({report['rows']} row{'s' if report['rows'] > 1 else ''}) "
+             "| range | MB read | GB/s | × float32 |", "|---|---|---|---|---|---|---|"]
     for r in report["formats"]:
         mb = f"{r['bytes'] / 1e6:.0f}" if r.get("bytes") else "—"
         gbs = f"{r['gbs']:.1f}" if r.get("gbs") else "—"
-        lines.append(f"| {r['format']} | {r['op']} | {r['ms']:.1f} | {mb} | {gbs} | {r['vs_fp']:.2f}× |")
+        spread = f"{r['ms_range'][0]:.1f}–{r['ms_range'][1]:.1f}" if r.get("ms_range") else "—"
+        lines.append(f"| {r['format']} | {r['op']} | {r['ms']:.1f} | {spread} | {mb} | {gbs} | {r['vs_fp']:.2f}× |")
     return "\n".join(lines) + "\n"
