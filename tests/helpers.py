@@ -280,6 +280,9 @@ def overrides(env: dict, out: Path, *extra: str) -> list[str]:
 def compose_cfg(name: str, ovr: list[str]):
     from hydra import compose, initialize_config_dir
 
+    from sparsespec.config import register_configs
+
+    register_configs()  # the structured bases the YAML groups extend, as train.py / evaluate.py register them
     with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose(name, overrides=ovr)
 

@@ -126,10 +126,13 @@ def to_markdown(summary: list[dict]) -> str:
     against batched ar's at the same batch size as well."""
     batched = any(e.get("batch_size", 1) > 1 for e in summary)
     reads = any(e.get("draft_reads") for e in summary)  # a draft in a low-bit format says what it read
+    planned = any(e.get("planned_speedup") for e in summary)  # rows written before the planner have none
     extra = ("| B | aggregate tokens/s | aggregate vs ar ", "|---|---|---") if batched else ("", "")
     head = (f"| method | dataset | ctx {extra[0]}| n | tokens/s | speedup vs ar | α (acceptance) | τ (tokens/round) "
-            f"| γ | k | predicted S | planned S | identical to ar | score |{' draft step read |' if reads else ''}\n"
-            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|---|---|---|{'---|' if reads else ''}\n")
+            f"| γ | k | predicted S |{' planned S |' if planned else ''} identical to ar | score |"
+            f"{' draft step read |' if reads else ''}\n"
+            f"|---|---|---{extra[1]}|---|---|---|---|---|---|---|---|{'---|' if planned else ''}---|---|"
+            f"{'---|' if reads else ''}\n")
     lines = []
     for e in summary:
         cols = (f"| {e.get('batch_size', 1)} | {_fmt(e.get('aggregate_tokens_per_s'))} | "
@@ -139,7 +142,8 @@ def to_markdown(summary: list[dict]) -> str:
             f"| {_fmt(e['tokens_per_s'])} "
             f"| {_fmt(e['speedup'])} | {_fmt(e['acceptance_rate'])} | {_fmt(e['mean_accepted_tokens'])} "
             f"| {_fmt(e['gamma'], 3)} | {_fmt(e['k_mean'], 1)} | {_fmt(e['predicted_speedup'])} "
-            f"| {_fmt(e.get('planned_speedup'))} | {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
+            + (f"| {_fmt(e.get('planned_speedup'))} " if planned else "")
+            + f"| {_fmt(e['exact_match_ar'])} | {_fmt(e['score'])} |"
             + (f" {e.get('draft_reads') or '—'} |" if reads else "")
         )
     return head + "\n".join(lines) + "\n"
