@@ -107,15 +107,19 @@ class Provenance:
 
     load_before: float | None
     start: float
+    commit: str | None = None
+    dirty: bool | None = None
 
     @classmethod
     def begin(cls) -> Provenance:
-        """Record the load average and the start time."""
-        return cls(load_before=_load(), start=time.perf_counter())
+        """Record the code version (the code a long run imported is the code at its start, whatever
+        is committed while it runs), the load average and the start time."""
+        commit, dirty = code_version()
+        return cls(load_before=_load(), start=time.perf_counter(), commit=commit, dirty=dirty)
 
     def end(self) -> dict:
         """The provenance dict of a measurement that began at `begin()` and ends now."""
-        commit, dirty = code_version()
+        commit, dirty = self.commit, self.dirty
         cpu, flags = cpu_info()
         torch_v, tf_v, threads, gpu = _versions()
         return {"commit": commit, "dirty": dirty, "torch": torch_v, "transformers": tf_v,

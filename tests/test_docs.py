@@ -136,10 +136,10 @@ def test_editing_one_quoted_number_of_the_readme_fails_the_check(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "img").symlink_to(ROOT / "docs" / "img")
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "-->7.22<!-- /n -->× at 64k" in text
+    assert "-->1.48<!-- /n -->× at 16k" in text
     (tmp_path / "README.md").write_text(text, encoding="utf-8")
     assert docs.main(["--check"], root=tmp_path) == 0
-    (tmp_path / "README.md").write_text(text.replace("-->7.22<!-- /n -->× at 64k", "-->7.1<!-- /n -->× at 64k"),
+    (tmp_path / "README.md").write_text(text.replace("-->1.48<!-- /n -->× at 16k", "-->1.5<!-- /n -->× at 16k"),
                                         encoding="utf-8")
     assert docs.main(["--check"], root=tmp_path) == 1
 

@@ -29,3 +29,13 @@ def test_the_line_names_what_is_unknown_and_never_guesses():
     assert late == ("<sub>Provenance: commit unknown (file committed in fedcba9 on 2026-12-04), machine and load unknown, "
                     "date unknown, engine: PyTorch's attention.</sub>")
     assert provenance_line({"rows": []}) == "<sub>Provenance unknown.</sub>"
+
+
+def test_the_commit_is_the_one_the_measurement_started_on(monkeypatch):
+    from sparsespec import provenance
+
+    monkeypatch.setattr(provenance, "code_version", lambda: ("a" * 40, False))
+    prov = provenance.Provenance.begin()
+    monkeypatch.setattr(provenance, "code_version", lambda: ("b" * 40, True))  # committed while it ran
+    saved = prov.end()
+    assert (saved["commit"], saved["dirty"]) == ("a" * 40, False)
