@@ -409,3 +409,19 @@ def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """`python ARGS` in cwd with the repository importable, its output captured."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def write_doc_examples(doc_path: Path, folder: Path, expected: set[str]) -> dict[str, Path]:
+    """Every ```block``` `doc_path` marks with `<!-- example: PATH -->`, written to folder/PATH (the
+    paths must be `expected`: a doc that lost or renamed an example fails here)."""
+    import re
+
+    found = re.findall(r"<!-- example: (\S+) -->\n```\w*\n(.*?)```", doc_path.read_text(encoding="utf-8"), re.S)
+    assert {p for p, _ in found} == expected
+    out = {}
+    for rel, body in found:
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+        out[rel] = path
+    return out

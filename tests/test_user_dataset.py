@@ -2,11 +2,11 @@
 a temporary folder exactly as the doc shows it, runs through evaluate.py with its own metric."""
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import ROOT, base_overrides, doc, sub_env
 
@@ -17,15 +17,7 @@ DOC = ROOT / "docs" / "evaluation.md"
 
 def write_doc_examples(folder: Path) -> dict[str, Path]:
     """Every ```block``` the doc marks with `<!-- example: PATH -->`, written to folder/PATH."""
-    found = re.findall(r"<!-- example: (\S+) -->\n```\w*\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert {p for p, _ in found} == {"my_data/my_qa.py", "my_conf/dataset/my_qa.yaml"}
-    out = {}
-    for rel, body in found:
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body, encoding="utf-8")
-        out[rel] = path
-    return out
+    return helpers.write_doc_examples(DOC, folder, {"my_data/my_qa.py", "my_conf/dataset/my_qa.yaml"})
 
 
 def write_questions(path: Path, n: int = 3) -> Path:

@@ -3,11 +3,11 @@ docs/architecture.md, written to a temporary folder exactly as the doc shows it,
 evaluate.py and the Python API and gives ar's output."""
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 from helpers import ROOT, base_overrides, sub_env
@@ -22,15 +22,7 @@ DOC = ROOT / "docs" / "architecture.md"
 
 def write_doc_examples(folder: Path) -> dict[str, Path]:
     """Every ```block``` the doc marks with `<!-- example: PATH -->`, written to folder/PATH."""
-    found = re.findall(r"<!-- example: (\S+) -->\n```\w*\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert {p for p, _ in found} == {"my_parts/key_norm.py", "my_conf/method/key_norm.yaml"}
-    out = {}
-    for rel, body in found:
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body, encoding="utf-8")
-        out[rel] = path
-    return out
+    return helpers.write_doc_examples(DOC, folder, {"my_parts/key_norm.py", "my_conf/method/key_norm.yaml"})
 
 
 @pytest.mark.slow  # starts evaluate.py (or a script) in its own process
