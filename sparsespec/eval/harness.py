@@ -406,8 +406,8 @@ def planned_speedup(method: Method, target, ctx: int, batch: int, drafter_model=
         prediction = planned(method.as_dict(), target.config.to_dict(), ctx, batch, profile="cpu",
                              dtypes=Dtypes(weights=dtype, kv=dtype, blocks=dtype == "float32"),
                              drafter=None if drafter_model is None else drafter_model.config.to_dict())
-    except ValueError as e:  # a shape, method or part the planner does not price
-        log.debug("no planned speedup for %s: %s", method.name, e)
+    except Exception as e:  # a shape, method or user's part the planner does not price: no prediction
+        log.debug("no planned speedup for %s: %s: %s", method.name, type(e).__name__, e)
         return None
     return None if prediction is None else round(prediction.speedup, 3)
 
