@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #endif
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #ifndef SPARSESPEC_LIB
@@ -97,19 +98,31 @@ inline void tile(const float* x, int64_t xs, const float* w, int64_t in, int64_t
   }
 }
 
-void linear_impl(const float* x, int64_t rows, int64_t xs, const float* w, int64_t in, int64_t out, const float* bias,
-                 float* y, int64_t ys) {
+// The tiles of a product of `rows` rows and `out` outputs: blocks of kTaskOutputs outputs shared
+// among the threads, each block's outputs OB at a time, its rows RT at a time and then one by one.
+// `fn(std::integral_constant<int, T>, r, o, outs)` computes the tile of T rows from r and outs
+// outputs from o. Every kernel here takes its tiles from this one loop, so a row's result depends
+// on nothing but its own tile's arithmetic.
+template <typename Fn>
+void for_each_tile(int64_t rows, int64_t out, Fn&& fn) {
   at::parallel_for(0, (out + kTaskOutputs - 1) / kTaskOutputs, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t o_end = std::min(out, (task + 1) * kTaskOutputs);
       for (int64_t o = task * kTaskOutputs; o < o_end; o += OB) {
         const int64_t outs = std::min<int64_t>(OB, o_end - o);
-        const float* b = bias != nullptr ? bias + o : nullptr;
         int64_t r = 0;
-        for (; r + RT <= rows; r += RT) tile<RT>(x + r * xs, xs, w + o * in, in, outs, b, y + r * ys + o, ys, w + out * in);
-        for (; r < rows; ++r) tile<1>(x + r * xs, xs, w + o * in, in, outs, b, y + r * ys + o, ys, w + out * in);
+        for (; r + RT <= rows; r += RT) fn(std::integral_constant<int, RT>{}, r, o, outs);
+        for (; r < rows; ++r) fn(std::integral_constant<int, 1>{}, r, o, outs);
       }
     }
+  });
+}
+
+void linear_impl(const float* x, int64_t rows, int64_t xs, const float* w, int64_t in, int64_t out, const float* bias,
+                 float* y, int64_t ys) {
+  for_each_tile(rows, out, [&](auto t, int64_t r, int64_t o, int64_t outs) {
+    tile<decltype(t)::value>(x + r * xs, xs, w + o * in, in, outs, bias != nullptr ? bias + o : nullptr,
+                             y + r * ys + o, ys, w + out * in);
   });
 }
 
@@ -219,21 +232,9 @@ void block_linear_impl(const float* x, int64_t rows, int64_t xs, const uint8_t* 
   const int64_t row_bytes = in / kBlock * BlockFormat<Q4>::kBytes;
   const int64_t blocks = in / kBlock;
   const uint8_t* q_end = q + out * row_bytes;
-  at::parallel_for(0, (out + kTaskOutputs - 1) / kTaskOutputs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t o_end = std::min(out, (task + 1) * kTaskOutputs);
-      for (int64_t o = task * kTaskOutputs; o < o_end; o += OB) {
-        const int64_t outs = std::min<int64_t>(OB, o_end - o);
-        const float* b = bias != nullptr ? bias + o : nullptr;
-        const uint8_t* qo = q + o * row_bytes;
-        const _Float16* dO = d + o * blocks;
-        const _Float16* mO = Q4 ? m + o * blocks : nullptr;
-        int64_t r = 0;
-        for (; r + RT <= rows; r += RT)
-          block_tile<Q4, RT>(x + r * xs, xs, qo, dO, mO, in, outs, b, y + r * ys + o, ys, q_end);
-        for (; r < rows; ++r) block_tile<Q4, 1>(x + r * xs, xs, qo, dO, mO, in, outs, b, y + r * ys + o, ys, q_end);
-      }
-    }
+  for_each_tile(rows, out, [&](auto t, int64_t r, int64_t o, int64_t outs) {
+    block_tile<Q4, decltype(t)::value>(x + r * xs, xs, q + o * row_bytes, d + o * blocks, Q4 ? m + o * blocks : nullptr,
+                                       in, outs, bias != nullptr ? bias + o : nullptr, y + r * ys + o, ys, q_end);
   });
 }
 
