@@ -113,23 +113,17 @@ def test_one_copy_is_shared_by_every_sequence_of_a_batch():
     assert copy.forward_calls < sum(r.draft_steps for r in res)  # packed across the sequences
 
 
-def test_sampling_with_a_quantized_draft_gives_the_target_distribution():
-    """Speculative sampling with int4 drafts (MagicDec's view, and a small model drafter, fixed k) and
-    int8 drafts (SparseSpec-L's index under the entropy controller): the per-position marginals are
-    the target's (exact, by enumeration), though the drafts are rejected often (q is the quantized
-    draft's own)."""
-    V, steps = 6, 3
+def _assert_target_marginals(drafters) -> None:
+    """For each (drafter factory, controller factory): speculative sampling from a tiny target gives
+    the target's per-position marginals (exact, by enumeration), with drafts rejected on the way."""
+    V, steps, n = 6, 3, 1500
     torch.set_num_threads(1)
     target = tiny_lm("llama", vocab=V, seed=1, layers=1)
     prompt = random_prompt(12, seed=5, vocab=V)
     sampling = Sampling(temperature=1.0)
     exact = exact_marginals(target, prompt, steps, sampling)
-    small = tiny_lm("llama", vocab=V, seed=2, layers=1)
-    for make, control in ((lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1), weights="int4"), lambda: FixedK(2)),
-                          (lambda: ModelDrafter(small, weights="int4"), lambda: FixedK(2)),
-                          (lambda: SelfDrafter(RecallIndex(budget=5, k_sink=1, k_recent=2, window=2), weights="int8"),
-                           lambda: EntropyController(candidates=(1, 2, 3)))):
-        counts, drafted, accepted, n = torch.zeros(steps, V), 0, 0, 1500
+    for make, control in drafters:
+        counts, drafted, accepted = torch.zeros(steps, V), 0, 0
         for seeds in torch.arange(n).split(BATCH):
             engine = SpeculativeEngine(target, make(), control())
             for res in engine.generate_batch([prompt] * len(seeds), steps, sampling, seed=seeds.tolist()):
@@ -139,6 +133,19 @@ def test_sampling_with_a_quantized_draft_gives_the_target_distribution():
         assert drafted > accepted > 0
         for i in range(steps):
             assert tv(counts[i] / n, exact[i]) < TV_BOUND, f"position {i}"
+
+
+def test_sampling_with_a_quantized_draft_gives_the_target_distribution():
+    """Speculative sampling with int4 drafts (MagicDec's view, and a small model drafter, fixed k) and
+    int8 drafts (SparseSpec-L's index under the entropy controller): the per-position marginals are
+    the target's (exact, by enumeration), though the drafts are rejected often (q is the quantized
+    draft's own)."""
+    small = tiny_lm("llama", vocab=6, seed=2, layers=1)
+    _assert_target_marginals([
+        (lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1), weights="int4"), lambda: FixedK(2)),
+        (lambda: ModelDrafter(small, weights="int4"), lambda: FixedK(2)),
+        (lambda: SelfDrafter(RecallIndex(budget=5, k_sink=1, k_recent=2, window=2), weights="int8"),
+         lambda: EntropyController(candidates=(1, 2, 3)))])
 
 
 def test_shipped_quantized_methods_are_exact_and_say_what_their_draft_read():
@@ -386,24 +393,9 @@ def test_a_draft_step_counts_the_views_bytes_in_its_format():
 def test_sampling_with_a_quantized_view_gives_the_target_distribution():
     """Speculative sampling with int8 views (quantspec's full view with int4 weights, and MagicDec's
     streaming view with int8 weights): the marginals are the target's, with drafts rejected."""
-    V, steps = 6, 3
-    torch.set_num_threads(1)
-    target = tiny_lm("llama", vocab=V, seed=1, layers=1)
-    prompt = random_prompt(12, seed=5, vocab=V)
-    sampling = Sampling(temperature=1.0)
-    exact = exact_marginals(target, prompt, steps, sampling)
-    for make in (lambda: SelfDrafter(FullKV(), weights="int4", kv="int8"),
-                 lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1), weights="int8", kv="int8")):
-        counts, drafted, accepted, n = torch.zeros(steps, V), 0, 0, 1500
-        for seeds in torch.arange(n).split(BATCH):
-            engine = SpeculativeEngine(target, make(), FixedK(2))
-            for res in engine.generate_batch([prompt] * len(seeds), steps, sampling, seed=seeds.tolist()):
-                drafted, accepted = drafted + res.drafted, accepted + res.accepted
-                for i, t in enumerate(res.output_ids):
-                    counts[i, t] += 1
-        assert drafted > accepted > 0
-        for i in range(steps):
-            assert tv(counts[i] / n, exact[i]) < TV_BOUND, f"position {i}"
+    _assert_target_marginals([
+        (lambda: SelfDrafter(FullKV(), weights="int4", kv="int8"), lambda: FixedK(2)),
+        (lambda: SelfDrafter(StreamingKV(budget=6, k_sink=1), weights="int8", kv="int8"), lambda: FixedK(2))])
 
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
