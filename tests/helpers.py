@@ -66,21 +66,13 @@ def _data_text() -> str:
     return "\n".join(lines)
 
 
-def make_tokenizer(chat: bool) -> PreTrainedTokenizerFast:
-    """The data layer's tokenizer: byte-level BPE of 600 tokens, a BOS on every encoding, optionally
-    a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def make_tokenizer(chat: bool, texts: list[str] | None = None, vocab_size: int = 600) -> PreTrainedTokenizerFast:
+    """The data layer's tokenizer: byte-level BPE (of 600 tokens over the test text, unless given
+    `texts` and `vocab_size`), a BOS on every encoding, optionally a chat template."""
+    from tokenizers import processors
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_data_text()], trainer)
+    tok = _bpe([_data_text()] if texts is None else texts, vocab_size,
+               ["<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     if chat:

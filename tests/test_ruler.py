@@ -13,40 +13,21 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import helpers
 import pytest
 from omegaconf import OmegaConf
 
 from sparsespec.data import DatasetError, haystacks, load_samples, loader_options, ruler, score
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|user|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
 
 
 def make_tokenizer(chat: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """Byte-level BPE of 4000 tokens over forty slices of the PG-19 haystack and the numbers."""
     text = haystacks.corpus("pg19")
     step = len(text) // 40
     training = [text[i * step : i * step + 10_000] for i in range(40)] + [" ".join(f"{i}." for i in range(3000))]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=4000,
-        special_tokens=["<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    if chat:
-        hf.chat_template = CHAT_TEMPLATE
-    return hf
+    return helpers.make_tokenizer(chat, training, 4000)
 
 
 @pytest.fixture(scope="module")
