@@ -4,9 +4,14 @@ against the decoded weight, so an int4 / int8 draft of a checkpoint stored in th
 the target's own logits."""
 import pytest
 import torch
-from conftest import tiny_lm
+from conftest import random_prompt, tiny_lm
 
+from sparsespec.config import ConfigError, load_method
+from sparsespec.decoding.controllers import FixedK
+from sparsespec.decoding.drafters import SelfDrafter
+from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.kernels import cpu_attention, cpu_linear
+from sparsespec.kv.recall import RecallIndex
 from sparsespec.models.quantized import PackedLinear, block_format, draft_model
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no kernel build here")
@@ -72,3 +77,32 @@ def test_a_packed_block_linear_reads_what_it_holds():
     p = PackedLinear.pack_blocks(w, None, "q4_1")
     assert p.nbytes == 16 * 32 + 2 * (16 * 2 * 2)  # codes, then an fp16 scale and minimum per block
     assert p(torch.randn(2, 3, 64)).shape == (2, 3, 16)
+
+
+def test_bf16_activations_take_torchs_packed_ops_and_stay_exact():
+    """activations=bf16 runs torch's int4 op (bf16 rows) even where the block kernel serves: the draft
+    of a block-stored target is then no longer its logits bit for bit, its rows say so, and the
+    output is still ar's, with rejections along the way."""
+    assert block_format("int4", 32, "cpu", torch.float32, 576, "bf16") is None
+    assert block_format("int4", 32, "cpu", torch.float32, 576, "fp32") == "q4_1"
+    target = tiny_lm("llama")
+    draft = draft_model(target, "int4", head="int8", activations="bf16")
+    assert draft is not draft_model(target, "int4", head="int8")  # one copy per (formats, rows)
+    assert all(p.fmt == "int4" for layer in draft._packed for p in layer.values()) and draft._head.fmt == "int8"
+    prompt = random_prompt(64, seed=3)
+    ar = SpeculativeEngine(target).generate(prompt, 24).output_ids
+    drafter = SelfDrafter(RecallIndex(budget=40, k_sink=4, k_recent=8, window=4), weights="int4",
+                          head_weights="int8", activations="bf16")
+    res = SpeculativeEngine(target, drafter, FixedK(3)).generate(prompt, 24)
+    assert res.output_ids == ar and 0 < res.accepted < res.drafted
+    assert res.extra["draft_weights"] == "int4-g32 bf16-rows, lm_head int8 bf16-rows"
+
+
+def test_fp32_activations_where_no_kernel_takes_them_are_refused_in_one_line():
+    with pytest.raises(ValueError) as e:  # raised when the method is built for a model
+        load_method("magicdec", ["method.drafter.weights=int4", "method.drafter.weights_group=64",
+                                 "method.drafter.activations=fp32"]).build(tiny_lm("llama"))
+    assert "method.drafter.activations=fp32" in str(e.value) and "activations=bf16" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_method("magicdec", ["method.drafter.activations=fp16"])
+    assert "method.drafter.activations='fp16'" in str(e.value) and "auto, fp32, bf16" in str(e.value)

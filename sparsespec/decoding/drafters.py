@@ -169,8 +169,12 @@ class Drafter:
         return 0
 
 
-def check_weight_format(weights: str, head_weights: str | None, weights_group: int) -> None:
+def check_weight_format(weights: str, head_weights: str | None, weights_group: int,
+                        activations: str = "auto") -> None:
     """The draft weight settings' values, before any model is known (ValueError: `key=value: why`)."""
+    if activations not in quantized.ACTIVATIONS:
+        raise ValueError(f"activations={activations!r}: the rows of the draft's low-bit products are one of "
+                         f"{', '.join(quantized.ACTIVATIONS)}")
     here = "cuda" if torch.cuda.is_available() else "cpu"
     for key, fmt in (("weights", weights), ("head_weights", head_weights)):
         if fmt is not None and fmt not in quantized.WEIGHT_FORMATS:
@@ -184,7 +188,8 @@ def check_weight_format(weights: str, head_weights: str | None, weights_group: i
 class WeightFormatDrafter(Drafter):
     """A drafter whose forward passes read the weights in a draft format (models/quantized.py):
     weights for the layers' projections (fp, bf16, int8, int4), head_weights for the lm_head (None:
-    as weights), weights_group for int4's group size; and attend to K/V in a draft KV format
+    as weights), weights_group for int4's group size, activations for the rows their low-bit products
+    take (auto, fp32, bf16: models/quantized.py); and attend to K/V in a draft KV format
     (kv/quantized.py): kv for the view a draft step reads (fp: the cache's own dtype, bf16, int8
     with a scale per token and KV head). Keyword-only, so a subclass's own fields keep their
     positions. The verification pass always runs the unmodified target over its own cache."""
@@ -192,28 +197,30 @@ class WeightFormatDrafter(Drafter):
     weights: str = field(default="fp", kw_only=True)
     head_weights: str | None = field(default=None, kw_only=True)
     weights_group: int = field(default=32, kw_only=True)
+    activations: str = field(default="auto", kw_only=True)
     kv: str = field(default="fp", kw_only=True)
     _weight_bytes: int = field(default=0, repr=False, kw_only=True)  # what a draft step reads of the weights
     _view_bytes: list[int] = field(default_factory=lambda: [0, 0], repr=False, kw_only=True)  # K/V read, rounds
     _labels: tuple[str, str] = field(default=("", ""), repr=False, kw_only=True)  # (weights, KV) as rows say them
 
     def __post_init__(self) -> None:
-        check_weight_format(self.weights, self.head_weights, self.weights_group)
+        check_weight_format(self.weights, self.head_weights, self.weights_group, self.activations)
         check_kv_format(self.kv)
 
     def draft_model(self, model: CausalLM) -> CausalLM:
         """The model the draft pass runs: `model` itself, or its copy in this drafter's weight formats
         (made on first use, then shared)."""
-        return quantized.draft_model(model, self.weights, self.head_weights, self.weights_group)
+        return quantized.draft_model(model, self.weights, self.head_weights, self.weights_group, self.activations)
 
     def _start_reads(self, model: CausalLM, kv_dtype: torch.dtype) -> None:
         """Start counting what the draft steps of a generation read (the row's draft_* fields)."""
         head = self.weights if self.head_weights is None else self.head_weights
-        self._weight_bytes = quantized.linear_bytes(model, self.weights, head, self.weights_group)
+        self._weight_bytes = quantized.linear_bytes(model, self.weights, head, self.weights_group, self.activations)
         self._view_bytes = [0, 0]
-        weights = quantized.format_label(self.weights, model.dtype, self.weights_group, model.device.type)
+        where = (model.dtype, self.weights_group, model.device.type, self.activations)
+        weights = quantized.format_label(self.weights, *where)
         if head != self.weights:
-            weights += f", lm_head {quantized.format_label(head, model.dtype, self.weights_group, model.device.type)}"
+            weights += f", lm_head {quantized.format_label(head, *where)}"
         self._labels = (weights, kv_label(self.kv, kv_dtype))
 
     def _count_read(self, view: KVCache) -> None:

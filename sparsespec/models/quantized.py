@@ -26,6 +26,12 @@ the same run and it has no int4 packing for the CPU any more (its int4 layouts s
 the ops themselves are faster and the smaller dependency. Group 32 by default: SmolLM2's hidden
 size (576) is not a multiple of 128, and 32 is the embedded checkpoint's own block size.
 
+Rows (`method.drafter.activations`): torch's int8 / int4 ops are fast only with bfloat16 rows, so
+with a float32 target they round the draft's activations, and the draft drifts from the target
+even where the weights are held exactly. The project's CPU block kernel (see `block_format`) takes
+float32 rows: `auto` uses it where it runs, `fp32` insists on it, `bf16` always takes torch's ops.
+docs/benchmarks.md measures the two end to end.
+
 The output stays the target's: the verifier runs the unmodified target, and under sampling the
 draft's q is the quantized draft's own distribution (speculative sampling needs only that q is what
 the draft was drawn from).
@@ -44,6 +50,9 @@ from sparsespec.kernels import cpu_attention, cpu_linear
 from sparsespec.models.runner import CausalLM
 
 WEIGHT_FORMATS = ("fp", "bf16", "int8", "int4")
+# the rows a low-bit product takes: auto (float32 where the project's block kernel runs, else
+# bfloat16), fp32 (the block kernel: lossless for weights stored in its blocks), bf16 (torch's ops)
+ACTIVATIONS = ("auto", "fp32", "bf16")
 # the group sizes torch's CPU int4 kernel takes (a group is `group` consecutive input weights)
 INT4_GROUPS = (32, 64, 128, 256)
 # torch's int4 packing takes output features in multiples of this; the copy pads and drops the rest
@@ -83,17 +92,19 @@ def working_formats(device: str = "cpu") -> list[str]:
     return [f for f in WEIGHT_FORMATS if format_problem(f, device) is None]
 
 
-def format_label(fmt: str, dtype: torch.dtype, group: int, device: str = "cpu") -> str:
+def format_label(fmt: str, dtype: torch.dtype, group: int, device: str = "cpu", activations: str = "auto") -> str:
     """A format as rows report it: fp32 / bf16 (the target's own), int8, int4-g32, or a block format
-    the project's CPU kernel runs (int8-g32, int4-g32 with fp32 rows: see `block_format`)."""
+    the project's CPU kernel runs (int8-g32, int4-g32 with fp32 rows: see `block_format`); a low-bit
+    format whose products take bf16 rows where the target's are float32 says so (`int4-g32 bf16-rows`)."""
     if fmt == "fp":
         return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-    if block_format(fmt, group, device, dtype, 0) == "q8_0":
-        return "int8-g32"
-    return f"int4-g{group}" if fmt == "int4" else fmt
+    blocks = block_format(fmt, group, device, dtype, 0, activations)
+    label = "int8-g32" if blocks == "q8_0" else f"int4-g{group}" if fmt == "int4" else fmt
+    return label + " bf16-rows" if fmt in ("int8", "int4") and blocks is None and dtype == torch.float32 else label
 
 
-def block_format(fmt: str, group: int, device: str, dtype: torch.dtype, inputs: int) -> str | None:
+def block_format(fmt: str, group: int, device: str, dtype: torch.dtype, inputs: int,
+                 activations: str = "auto") -> str | None:
     """The GGUF block layout `fmt` runs in on this device and dtype, or None for torch's packed ops.
 
     On the CPU with a float32 target, int4 (groups of 32) is held as Q4_1 blocks and int8 as Q8_0
@@ -102,7 +113,9 @@ def block_format(fmt: str, group: int, device: str, dtype: torch.dtype, inputs: 
     stored in these formats (the embedded SmolLM2: Q4_1 layers, a Q8_0 embedding shared with the
     lm_head) is held exactly, so the draft's products are the target's own bit for bit. Elsewhere
     (CUDA, a bf16 target, the kernel switched off, a layer of `inputs` not a multiple of 32) torch's
-    packed ops with bf16 rows serve."""
+    packed ops with bf16 rows serve, and so they do wherever `activations` is "bf16"."""
+    if activations == "bf16":
+        return None
     if device != "cpu" or dtype != torch.float32 or inputs % cpu_linear.BLOCK or not cpu_attention.available():
         return None
     if fmt == "int4" and group == cpu_linear.BLOCK:
@@ -189,10 +202,10 @@ class DraftLM(CausalLM):
     `head` for the lm_head). Everything else is the target's own object (embeddings, norms, rotary
     embedding, the Hugging Face modules), so a cache of the target is a cache of this model."""
 
-    def __init__(self, target: CausalLM, weights: str, head: str, group: int) -> None:
+    def __init__(self, target: CausalLM, weights: str, head: str, group: int, activations: str = "auto") -> None:
         self.__dict__.update(target.__dict__)  # the target's modules and fused weights, shared
         self.forward_calls = 0
-        self.weights, self.head, self.group = weights, head, group
+        self.weights, self.head, self.group, self.activations = weights, head, group, activations
         self._packed: list[dict[str, PackedLinear]] = []
         if weights != "fp":
             if any(w is None for w in target._gate_up):
@@ -208,7 +221,7 @@ class DraftLM(CausalLM):
         self._head = None if head == "fp" else self._pack(target.lm_head.weight, target.lm_head.bias, head)
 
     def _pack(self, w: torch.Tensor, b: torch.Tensor | None, fmt: str) -> PackedLinear:
-        blocks = block_format(fmt, self.group, w.device.type, w.dtype, w.shape[1])
+        blocks = block_format(fmt, self.group, w.device.type, w.dtype, w.shape[1], self.activations)
         return PackedLinear.pack_blocks(w, b, blocks) if blocks else PackedLinear.pack(w, b, fmt, self.group)
 
     def _linear(self, name: str, i: int, x: torch.Tensor) -> torch.Tensor:
@@ -218,18 +231,18 @@ class DraftLM(CausalLM):
         return super()._logits(h) if self._head is None else self._head(h).float()
 
 
-def linear_bytes(model: CausalLM, weights: str, head: str, group: int) -> int:
+def linear_bytes(model: CausalLM, weights: str, head: str, group: int, activations: str = "auto") -> int:
     """What a forward of `model` reads of its linear layers' weights with the layers in `weights`
     and the lm_head in `head` (fp: the target's own), from their shapes alone."""
-    return _linear_bytes(model, weights, head, group, own=True)
+    return _linear_bytes(model, weights, head, group, activations, own=True)
 
 
-def copy_bytes(model: CausalLM, weights: str, head: str | None, group: int) -> int:
+def copy_bytes(model: CausalLM, weights: str, head: str | None, group: int, activations: str = "auto") -> int:
     """What the draft copy in these formats allocates beyond the target's own weights."""
-    return _linear_bytes(model, weights, weights if head is None else head, group, own=False)
+    return _linear_bytes(model, weights, weights if head is None else head, group, activations, own=False)
 
 
-def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, own: bool) -> int:
+def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, activations: str, own: bool) -> int:
     def size(w: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> int:
         out, k = w.shape
         extra = 0 if bias is None else out * 4
@@ -238,7 +251,7 @@ def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, own: boo
                 if own else 0
         if fmt == "bf16":
             return out * k * 2 + extra
-        blocks = block_format(fmt, group, w.device.type, w.dtype, k)
+        blocks = block_format(fmt, group, w.device.type, w.dtype, k, activations)
         if blocks is not None:  # codes, then an fp16 scale (and for q4_1 an fp16 minimum) per 32 inputs
             return out * k // (2 if blocks == "q4_1" else 1) + out * (k // 32) * (4 if blocks == "q4_1" else 2) + extra
         if fmt == "int8":
@@ -256,10 +269,19 @@ def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, own: boo
     return total + size(model.lm_head.weight, head, model.lm_head.bias)
 
 
-def check_format(target: CausalLM, weights: str, head: str, group: int) -> None:
+def check_format(target: CausalLM, weights: str, head: str, group: int, activations: str = "auto") -> None:
     """Raise WeightFormatError (one line: the key, the reason, what works here) unless the formats
-    run on the target's device with this group size and the target's layer shapes."""
+    run on the target's device with this group size, these rows and the target's layer shapes."""
     device = target.device.type
+    if activations == "fp32":
+        for fmt in {weights, head} & {"int8", "int4"}:
+            inputs = [w.shape[1] for w, _ in target._qkv] + [target.lm_head.weight.shape[1]]
+            inputs += [layer.mlp.down_proj.weight.shape[1] for layer in target.layers]
+            if any(block_format(fmt, group, device, target.dtype, k) is None for k in inputs):
+                raise WeightFormatError(
+                    f"activations=fp32: {fmt} products with float32 rows need the project's CPU kernel, a "
+                    f"float32 target on the CPU{' and groups of 32' if fmt == 'int4' else ''} and layers "
+                    f"whose inputs are multiples of 32; use activations=auto or activations=bf16")
     works = ", ".join(working_formats(device))
     for key, fmt in (("weights", weights), ("head_weights", head)):
         why = format_problem(fmt, device)
@@ -279,19 +301,21 @@ def check_format(target: CausalLM, weights: str, head: str, group: int) -> None:
                                 f"{', '.join(map(str, fits)) or 'none (use weights=int8 or bf16)'}")
 
 
-_COPIES: weakref.WeakKeyDictionary[CausalLM, dict[tuple[str, str, int], DraftLM]] = weakref.WeakKeyDictionary()
+_COPIES: weakref.WeakKeyDictionary[CausalLM, dict[tuple[str, str, int, str], DraftLM]] = weakref.WeakKeyDictionary()
 
 
-def draft_model(target: CausalLM, weights: str = "fp", head: str | None = None, group: int = 32) -> CausalLM:
+def draft_model(target: CausalLM, weights: str = "fp", head: str | None = None, group: int = 32,
+                activations: str = "auto") -> CausalLM:
     """The model a draft pass runs: the target itself for fp weights, else its copy in these formats
-    (head None: the lm_head in `weights` too), made on first use and kept while the target lives, so
-    every method and every sequence drafting from this target in these formats shares one copy."""
+    (head None: the lm_head in `weights` too; `activations`: the rows its low-bit products take), made
+    on first use and kept while the target lives, so every method and every sequence drafting from
+    this target in these formats shares one copy."""
     head = weights if head is None else head
     if weights == "fp" and head == "fp":
         return target
     copies = _COPIES.setdefault(target, {})
-    key = (weights, head, group)
+    key = (weights, head, group, activations)
     if key not in copies:
-        check_format(target, weights, head, group)
-        copies[key] = DraftLM(target, weights, head, group)
+        check_format(target, weights, head, group, activations)
+        copies[key] = DraftLM(target, weights, head, group, activations)
     return copies[key]
