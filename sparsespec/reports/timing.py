@@ -28,7 +28,7 @@ PYTORCH_ATTENTION = "attention=pytorch"
 def our_method(spec: str) -> Method:
     """'sparsespec_l:controller=fixed:k=8' -> conf/method/sparsespec_l.yaml with the fixed controller at
     k = 8 (`candidates=[1,2,4]`: the entropy controller's lengths); `weights=int8`, `head_weights=`,
-    `kv=`: the draft's formats; `attention=pytorch`: run_ours turns the CPU attention kernel off for
+    `activations=`, `kv=`: the draft's formats; `attention=pytorch`: run_ours turns the CPU attention kernel off for
     it; other `key=value` parts set the drafter's KV policy
     (`method.drafter.policy.ratio`, ...)."""
     name, *over = spec.split(":")
@@ -40,7 +40,7 @@ def our_method(spec: str) -> Method:
         overrides.append({"controller": f"method/controller={value}", "k": f"method.controller.k={value}",
                           "candidates": f"method.controller.candidates={value}",
                           "weights": f"method.drafter.weights={value}", "head_weights": f"method.drafter.head_weights={value}",
-                          "kv": f"method.drafter.kv={value}"}.get(key, f"method.drafter.policy.{o}"))
+                          "activations": f"method.drafter.activations={value}", "kv": f"method.drafter.kv={value}"}.get(key, f"method.drafter.policy.{o}"))
     method = load_method(name, overrides)
     method.name = spec
     return method
