@@ -251,7 +251,7 @@ def test_committed_calibration_is_what_the_code_gives_and_beats_the_identity():
 
 
 def test_planned_reads_an_evaluate_method_config():
-    from sparsespec.plan.planner import planned, spec_from_method
+    from sparsespec.plan.planner import MethodSpec, planned, spec_from_method
 
     config = {"name": "my_recall", "lookup": 0, "controller": {"_target_": "x.FixedK", "k": 4},
               "drafter": {"_target_": "sparsespec.decoding.drafters.SelfDrafter", "weights": "int8", "kv": "fp",
@@ -263,4 +263,76 @@ def test_planned_reads_an_evaluate_method_config():
     p = planned(config, "smollm2-135m", 16384, k=4)
     assert p is not None and p.k == 4 and "stand-in for my_recall" in p.acceptance
     assert planned("ar", "smollm2-135m", 4096).speedup == 1.0
-    assert planned("quantspec", "smollm2-135m", 4096) is None  # no acceptance measured for it
+    assert planned(MethodSpec("unmeasured"), "smollm2-135m", 4096) is None  # no acceptance, no stand-in
+
+
+def test_committed_acceptance_has_the_quantized_and_verification_guided_methods_own():
+    from sparsespec.plan.acceptance import load_acceptance
+
+    acc = load_acceptance()
+    for method, ctxs in (("magicdec_q", (4096, 65536)), ("sparsespec_l_q", (4096, 65536)),
+                         ("quantspec", (4096, 65536)), ("pillarattn", (4096,)), ("vegas", (4096,))):
+        for ctx in ctxs:
+            c = acc.curve(method, ctx, "pg19")
+            assert c.method == method and c.ctx == ctx and "stand-in" not in c.source
+    # the int8-layer variants of the quantized benchmark are other drafts: not merged into the int4 methods'
+    q = json.loads((ROOT / "results" / "quantized_drafts.json").read_text())
+    int4 = [r for r in q["rows"] if r["method"] == "magicdec_q" and r["ctx"] == 32768]
+    assert acc.curve("magicdec_q", 32768).accepted(acc.curve("magicdec_q", 32768).max_k) == \
+        pytest.approx(int4[0]["tau"] - 1, rel=1e-6)
+
+
+def test_bench_curves_leave_out_variants_with_other_drafts():
+    from sparsespec.plan.acceptance import curves_from_bench
+
+    rows = [{"method": "m", "ctx": 4096, "acceptance": 0.5, "tau": 3.0},
+            {"method": "m:attention=pytorch", "ctx": 4096, "acceptance": 0.5, "tau": 3.0},
+            {"method": "m:weights=int8", "ctx": 4096, "acceptance": 0.1, "tau": 1.4}]
+    (c,) = curves_from_bench({"rows": rows})
+    assert c.rows == 2 and c.accepted(c.max_k) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_verification_guided_methods_are_priced_with_their_views():
+    from sparsespec.config import load_method
+    from sparsespec.plan.planner import METHODS, predict, spec_from_method
+
+    vegas = spec_from_method(load_method("vegas").as_dict())
+    assert (vegas.view, vegas.ratio, vegas.min_budget, vegas.window, vegas.k_sink) == ("recall", 0.05, 256, 2, 0)
+    pillar = spec_from_method(load_method("pillarattn").as_dict())
+    assert (pillar.view, pillar.ratio, pillar.window, pillar.k_recent) == ("recall", 0.05, 9, 9)
+    shape = load_shape("llama-3.1-8b")
+    prof = DeviceProfile("flat", "datasheet", bandwidth_gbs=1000.0, compute_tflops={"bfloat16": 1e6})
+    curve = Curve("x", 4096, [0.8] * 4)
+    # at 4k, 5% is 205 tokens: Vegas's floor of 256 makes its draft read more than PillarAttn's
+    g_vegas = predict(METHODS["vegas"], shape, 4096, 8, prof, Dtypes("bfloat16", "bfloat16"), 4, curve).draft_cost
+    g_pillar = predict(METHODS["pillarattn"], shape, 4096, 8, prof, Dtypes("bfloat16", "bfloat16"), 4, curve).draft_cost
+    assert g_vegas > g_pillar
+
+
+def test_committed_map_is_what_the_code_gives_and_the_claims_against_their_ceilings():
+    from sparsespec.plan.maps import BATCHES, CONTEXTS, DEVICES, MODELS, build
+
+    committed = json.loads((ROOT / "results" / "plan_map.json").read_text())
+    fresh = build()
+    for key in ("cells", "ceilings", "sizes", "claims", "profiles"):
+        assert fresh[key] == committed[key], key
+    assert len(committed["cells"]) == len(DEVICES) * len(MODELS) * len(CONTEXTS) * len(BATCHES)
+    assert all(c["status"] == "predicted" for c in committed["cells"])
+    claims = {c["paper"]: c for c in committed["claims"]}
+    # a bf16 self-draft from a 10% view cannot reach 2.79x at <= 64k on any model of SparseSpec-L's range
+    assert not claims["SparseSpec-L"]["holds_under_ceiling"] and claims["SparseSpec-L"]["ceiling"] < 2.79
+    assert claims["SparseSpec-L"]["baseline_bandwidth_share_at_most"] < 1
+    assert claims["QuantSpec"]["holds_under_ceiling"] and claims["TriForce"]["holds_under_ceiling"]
+
+
+def test_a_weight_formats_measured_share_slows_its_products():
+    """A block-quantized product that reads its bytes at half float32's rate takes twice its bytes' time."""
+    from sparsespec.plan.cost import Op
+
+    prof = DeviceProfile("cpu", "measured", bandwidth_gbs=10.0, device="cpu", linear={1: 10.0, 5: 10.0},
+                         format_share={"int4": {1: 0.5, 5: 0.25}})
+    plain = prof.op_seconds(Op("linear", 1e9, 0.0, 1, 1, "weights", "float32"))
+    assert plain == pytest.approx(0.1)
+    assert prof.op_seconds(Op("linear", 1e9, 0.0, 1, 1, "weights", "int4")) == pytest.approx(0.2)
+    assert prof.op_seconds(Op("linear", 1e9, 0.0, 3, 1, "weights", "int4")) == pytest.approx(0.1 / 0.375)
+    assert from_dict(json.loads(prof.to_json())).format_share == {"int4": {1: 0.5, 5: 0.25}}

@@ -29,6 +29,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "results" / "plan_acceptance.json"
 MIN_ROUNDS = 5  # a position reached by fewer rounds is pooled into the tail
+DRAFT_KEYS = ("weights=", "head_weights=", "kv=", "policy.", "controller.")  # variants that change the drafts
+# the embedded model's committed runs and benchmark files (--committed): per-round counts first; a
+# benchmark file adds (method, context) pairs no earlier source has
+COMMITTED_RUNS = ("tasks", "demo", "sampling", "verification_guided_4k")
+COMMITTED_BENCH = ("decode.json", "quantized_drafts.json")
 
 
 class AcceptanceError(ValueError):
@@ -109,9 +114,14 @@ def curves_from_rows(rows: list[dict]) -> list[Curve]:
 
 def curves_from_bench(report: dict[str, Any], data: str = "pg19") -> list[Curve]:
     """Constant-p curves from a benchmark file's rows (results/decode.json): τ - 1 accepted tokens a
-    round of k = (τ - 1) / α drafts; a method's `:variant` runs (same drafts) are merged."""
+    round of k = (τ - 1) / α drafts; a method's `:variant` runs with the same drafts (another
+    attention path) are merged, those with other drafts (`:weights=int8`: another draft format than
+    the method's own) left out."""
     groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for r in report.get("rows", []):
+        variant = r["method"].partition(":")[2]
+        if any(key in variant for key in DRAFT_KEYS):
+            continue
         if r.get("acceptance") is not None and r.get("tau") is not None:
             groups[(r["method"].split(":")[0], r["ctx"])].append(r)
     out = []
@@ -193,7 +203,7 @@ def read_runs(dirs: list[Path]) -> list[dict]:
 
 def build(runs: list[Path], bench: list[Path], model: str) -> Acceptance:
     curves = curves_from_rows(read_runs(runs))
-    for b in bench:
+    for b in bench:  # in order: a later file fills only the (method, context) pairs still missing
         fitted = curves_from_bench(json.loads(b.read_text()))
         have = {(c.method, c.ctx, c.data) for c in curves}
         curves += [c for c in fitted if (c.method, c.ctx, c.data) not in have]
@@ -206,15 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, nargs="*", default=[], help="evaluate.py out_dirs (or results.jsonl files)")
     p.add_argument("--bench", type=Path, nargs="*", default=[], help="benchmark files with α, τ, k (decode.json)")
     p.add_argument("--committed", action="store_true",
-                   help="the embedded model's committed runs: results/tasks, results/demo, results/sampling, results/decode.json")
+                   help="the embedded model's committed runs and benchmarks: results/{tasks,demo,sampling,"
+                        "verification_guided_4k}, results/decode.json and quantized_drafts.json")
     p.add_argument("--model", default="smollm2-135m", help="a label for the model the runs decoded")
     p.add_argument("--out", type=Path, default=None, help="where to write (default with --committed: "
                    "results/plan_acceptance.json)")
     args = p.parse_args(argv)
     runs, bench = list(args.runs), list(args.bench)
     if args.committed:
-        runs += [ROOT / "results" / "tasks", ROOT / "results" / "demo", ROOT / "results" / "sampling"]
-        bench += [ROOT / "results" / "decode.json"]
+        runs += [ROOT / "results" / r for r in COMMITTED_RUNS]
+        bench += [ROOT / "results" / b for b in COMMITTED_BENCH]
     missing = [str(x) for x in runs + bench if not x.exists()]
     if missing or not (runs or bench):
         print(f"error: --runs/--bench: {', '.join(missing) or 'nothing given'}: pass evaluate.py out_dirs "

@@ -3,11 +3,13 @@
     python -m sparsespec.plan.calibrate            # writes results/plan_calibration.json, prints the table
 
 For each speculative row of results/decode.json (batch 1, 4k-64k), results/batching.json (batches
-of 1-8) and results/sensitivity.json (SparseSpec-L's view ratio and window), the planner prices the
+of 1-8), results/quantized_drafts.json (int4 / int8 drafts, 4k-64k) and results/sensitivity.json
+(SparseSpec-L's view ratio and window), the planner prices the
 row's own round (its draft length, its acceptance: a constant p fitted to its mean accepted tokens a
 round) on a profile of the engine that row ran on, built from the committed microbenchmarks: weight
-products through F.linear (every run here predates the few-rows linear kernel) and attention through
-the CPU attention kernel, or PyTorch's where the row says so. Acceptance is the row's own, so the
+products through F.linear for the runs that predate the few-rows linear kernel, through the kernel
+for the quantized-draft runs, and attention through the CPU attention kernel, or PyTorch's where the
+row says so. Acceptance is the row's own, so the
 comparison tests the cost model, as the speedup identity beside it is tested on the same α, k.
 It also checks the best method of each (context, batch) cell against the measured best.
 """
@@ -32,10 +34,15 @@ COMMAND = "python -m sparsespec.plan.calibrate"
 
 
 def _profiles(results: Path, round_overhead_ms: float, lookup: dict[int, float]) -> dict[str, DeviceProfile]:
+    """The engines the rows ran on: F.linear's products with the CPU attention kernel ("native") or
+    PyTorch's ("pytorch"); the few-rows linear kernel with the attention kernel ("kernels")."""
     skinny = json.loads((results / "skinny_products.json").read_text())
     attention = json.loads((results / "attention_kernel.json").read_text())
-    return {path: from_results(skinny, attention, "linear", path, round_overhead_ms, lookup)
-            for path in ("native", "pytorch")}
+    formats = [json.loads((results / f).read_text()) for f in ("weight_formats.json", "weight_formats_5rows.json")]
+    profs = {path: from_results(skinny, attention, "linear", path, round_overhead_ms, lookup)
+             for path in ("native", "pytorch")}
+    profs["kernels"] = from_results(skinny, attention, "ours", "native", round_overhead_ms, lookup, formats=formats)
+    return profs
 
 
 def _row(source: str, method: str, ctx: int, batch: int, k: float, accepted: float, measured: float,
@@ -97,6 +104,17 @@ def rows_from(results: Path) -> list[dict]:
         acc = r["acceptance"] * r["k_mean"]
         out.append(_row("batching", r["method"], r["ctx"], r["batch"], r["k_mean"], acc, r["vs_ar"], r.get("identity"),
                         profs["pytorch"], curves=curves))
+    quantized = json.loads((results / "quantized_drafts.json").read_text())
+    for r in quantized["rows"]:  # run with both kernels; `:weights=int8` is the same method with int8 layers
+        if r.get("acceptance") is None or r["method"].startswith("ar"):
+            continue
+        variant = dict(kv.split("=", 1) for kv in r["method"].partition(":")[2].split(",") if "=" in kv)
+        kw = {"draft_weights": variant["weights"]} if "weights" in variant else None
+        acc = r["tau"] - 1
+        k = r["k_mean"] if r.get("k_mean") else acc / r["acceptance"]
+        ident = (r["acceptance"] * k + 1) / (k * r["gamma"] + 1) if r.get("gamma") else None
+        out.append(_row("quantized", r["method"], r["ctx"], 1, k, acc, r["vs_ar"], ident, profs["kernels"], kw,
+                        curves=curves, sample=r["sample"]))
     sens = json.loads((results / "sensitivity.json").read_text())
     for r in sens["rows"]:
         out.append(_row("sensitivity", r["method"], r["ctx"], 1, r["k"], r["alpha"] * r["k"], r["speedup"],
@@ -120,7 +138,8 @@ def picks(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["source"] == "sensitivity":
             continue
-        engine = "native" if r["source"] == "decode" and "attention=pytorch" not in r["method"] else "pytorch"
+        engine = "kernels" if r["source"] == "quantized" else \
+            "native" if r["source"] == "decode" and "attention=pytorch" not in r["method"] else "pytorch"
         cells[(r["source"], engine, r["sample"], r["ctx"], r["batch"])].append(r)
     out = []
     for (source, engine, sample, ctx, batch), rs in sorted(cells.items()):
@@ -140,7 +159,7 @@ def report(results: Path = ROOT / "results") -> dict:
     summary = {"all": _spread([r["measured_over_predicted"] for r in rows]),
                "identity": _spread([r["measured_over_identity"] for r in rows if r["measured_over_identity"]])}
     summary["from_curves"] = _spread([r["measured_over_curves"] for r in rows if r["measured_over_curves"]])
-    for source in ("decode", "decode_pytorch_attention", "batching", "sensitivity"):
+    for source in ("decode", "decode_pytorch_attention", "batching", "quantized", "sensitivity"):
         summary[source] = _spread([r["measured_over_predicted"] for r in rows if r["source"] == source])
     summary["self_speculation"] = _spread([r["measured_over_predicted"] for r in rows
                                            if not r["method"].startswith("lookup")])
@@ -175,6 +194,33 @@ def markdown(rep: dict) -> str:
     b = rep["summary"]["best_method"]
     lines += ["", f"Best method of a (context, batch) cell picked right: {b['right']} of {b['cells']} with each row's "
               f"acceptance, {b['right_from_curves']} with the committed curves'."]
+    return "\n".join(lines)
+
+
+SUMMARY_LABELS = {"all": "every row", "identity": "the speedup identity, same rows", "from_curves":
+                  "every row, from the committed curves", "decode": "decode (batch 1, 4k-64k)",
+                  "decode_pytorch_attention": "older decode (PyTorch's attention)", "batching": "batching (1-8)",
+                  "quantized": "quantized drafts (int4 / int8, 4k-64k)", "sensitivity": "sensitivity (ratio, window)",
+                  "self_speculation": "self-speculation", "lookup": "prompt lookup"}
+
+
+def summary_markdown(rep: dict) -> str:
+    """The summary of the comparison (docs/planning.md): error by group and the best-method picks."""
+    lines = ["| rows | n | median measured / predicted | range | median abs. error | largest | within 10% | "
+             "within 20% |", "|---|---|---|---|---|---|---|---|"]
+    for key, s in rep["summary"].items():
+        if key == "best_method":
+            continue
+        lines.append(f"| {SUMMARY_LABELS.get(key, key)} | {s['rows']} | {s['median_ratio']:.2f} | "
+                     f"{s['min_ratio']:.2f}–{s['max_ratio']:.2f} | {s['median_abs_error']:.1%} | "
+                     f"{s['max_abs_error']:.0%} | {s['within_10pct']} | {s['within_20pct']} |")
+    b = rep["summary"]["best_method"]
+    misses = [c for c in rep["cells"] if not c["right"]]
+    lines += ["", f"Best method of a (context, batch) cell picked right: {b['right']} of {b['cells']} with each row's "
+              f"acceptance, {b['right_from_curves']} with the committed curves'."
+              + ("" if not misses else " Missed: " + "; ".join(
+                  f"{c['source']} {c['ctx'] // 1024}k batch {c['batch']} (measured {c['measured_best']}, "
+                  f"predicted {c['predicted_best']})" for c in misses) + ".")]
     return "\n".join(lines)
 
 

@@ -23,7 +23,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5
 ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 WEIGHT_FORMATS = ("float32", "bfloat16", "float16", "int8", "int4")
 KV_FORMATS = ("float32", "bfloat16", "float16")
-DRAFT_KV_FORMATS = (*KV_FORMATS, "int8")  # int8: a float32 scale per (token, KV head) row (kv/quantized.py)
+DRAFT_KV_FORMATS = (*KV_FORMATS, "int8", "int4")  # int8: a float32 scale per (token, KV head) row (kv/quantized.py)
+# int4 K/V (a float32 scale and zero point per row) is priced for comparison with 4-bit KV drafts
+# such as QuantSpec's; the engine holds a draft's K/V in int8 at most
 INT4_ROWS = 16  # torch's int4 packing pads output rows to a multiple of this (models/quantized.py)
 
 
@@ -76,6 +78,7 @@ class Op:
     rows: int
     count: int = 1
     reads: str = "kv"
+    fmt: str | None = None  # a linear op's weight format (a profile may price formats apart)
 
 
 def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None = None, blocks: bool = False) -> float:
@@ -113,9 +116,11 @@ def weight_bytes(shape: ModelShape, fmt: str = "float32", head: str | None = Non
 
 
 def kv_bytes(shape: ModelShape, tokens: int, dtype: str = "float32") -> float:
-    """K and V bytes of `tokens` cached tokens over all layers (int8: with each row's float32 scale)."""
+    """K and V bytes of `tokens` cached tokens over all layers (int8 / int4: with each row's float32
+    scale, and zero point for int4)."""
     dtype = dtype_name(dtype, "kv", DRAFT_KV_FORMATS)
-    scales = 2 * shape.layers * shape.kv_heads * 4 * tokens if dtype == "int8" else 0
+    per_row = {"int8": 4, "int4": 8}.get(dtype, 0)
+    scales = 2 * shape.layers * shape.kv_heads * per_row * tokens
     return shape.kv_elements_per_token() * tokens * DTYPE_BYTES[dtype] + scales
 
 
@@ -133,7 +138,7 @@ def forward(shape: ModelShape, rows: int, tokens: int, batch: int, weights: str,
     """One forward of `rows` new tokens per sequence for `batch` sequences, each attending over
     `tokens` cached tokens in `kv`, with the weights in `weights` (lm_head in `head`)."""
     return [Op("linear", weight_bytes(shape, weights, head, group, norms, blocks), linear_flops(shape, rows * batch),
-               rows * batch, 1, "weights"),
+               rows * batch, 1, "weights", dtype_name(weights)),
             Op("attention", kv_bytes(shape, tokens, kv), attention_flops(shape, rows, tokens), rows, batch, "kv")]
 
 

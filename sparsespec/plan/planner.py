@@ -29,8 +29,9 @@ class MethodSpec:
     """What a method's round does, as the cost model needs it. `drafter`: none (ar), self (the
     target through a view), lookup (prompt lookup), model (a separate drafter model). `view`: full,
     streaming or recall (`refresh`: the recall index is updated every round). `draft_weights`: the
-    self-draft's weight format (None: the target's). `acceptance_from`: the method whose measured
-    acceptance stands in where this one has none (said in the prediction)."""
+    self-draft's weight format (None: the target's), `draft_head` its lm_head's (None: as the layers).
+    `min_budget`: a floor in tokens under the view's share of the context. `acceptance_from`: the
+    method whose measured acceptance stands in where this one has none (said in the prediction)."""
 
     name: str
     drafter: str = "self"
@@ -41,21 +42,29 @@ class MethodSpec:
     window: int = 16
     refresh: bool = True
     draft_weights: str | None = None
+    draft_head: str | None = None
     draft_kv: str | None = None
     acceptance_from: str | None = None
     budget: int | None = None
+    min_budget: int = 0
 
 
 # The shipped method configs (conf/method/*.yaml) the planner prices.
 METHODS: dict[str, MethodSpec] = {m.name: m for m in (
     MethodSpec("ar", drafter="none"),
     MethodSpec("magicdec", view="streaming"),
-    MethodSpec("magicdec_q", view="streaming", draft_weights="int4", acceptance_from="magicdec"),
+    MethodSpec("magicdec_q", view="streaming", draft_weights="int4", draft_head="int8", acceptance_from="magicdec"),
     MethodSpec("sparsespec_l", view="recall", k_recent=64),
-    MethodSpec("sparsespec_l_q", view="recall", k_recent=64, draft_weights="int4", acceptance_from="sparsespec_l"),
+    MethodSpec("sparsespec_l_q", view="recall", k_recent=64, draft_weights="int4", draft_head="int8",
+               acceptance_from="sparsespec_l"),
     MethodSpec("snapkv_self", view="recall", refresh=False, acceptance_from="sparsespec_l"),
     MethodSpec("lookup", drafter="lookup"),
-    MethodSpec("quantspec", view="full", draft_weights="int4", draft_kv="int8"),
+    MethodSpec("quantspec", view="full", draft_weights="int4", draft_head="int8", draft_kv="int8"),
+    # the verification-guided baselines (conf/method/pillarattn.yaml, vegas.yaml)
+    MethodSpec("pillarattn", view="recall", ratio=0.05, k_sink=0, k_recent=9, window=9,
+               acceptance_from="sparsespec_l"),
+    MethodSpec("vegas", view="recall", ratio=0.05, k_sink=0, k_recent=6, window=2, min_budget=256,
+               acceptance_from="sparsespec_l"),
 )}
 
 
@@ -136,7 +145,7 @@ def predict(spec: MethodSpec, shape: ModelShape, ctx: int, batch: int, profile: 
         raise PlanError(f"method {spec.name}: no acceptance curve")
     # the CPU kernel holds a float32 target's int8 / int4 drafts as GGUF blocks (models/quantized.py)
     d = replace(dtypes, draft_weights=spec.draft_weights or dtypes.draft_weights,
-                draft_kv=spec.draft_kv or dtypes.draft_kv,
+                draft_head=spec.draft_head or dtypes.draft_head, draft_kv=spec.draft_kv or dtypes.draft_kv,
                 blocks=dtypes.blocks or (profile.device == "cpu" and dtypes.weights == "float32"))
     b = _buckets()
     parts: dict[str, float] = {}
@@ -154,6 +163,8 @@ def predict(spec: MethodSpec, shape: ModelShape, ctx: int, batch: int, profile: 
         else:
             view = ctx if spec.view == "full" else cost.view_budget(ctx, spec.ratio, spec.budget, spec.k_sink,
                                                                     spec.k_recent)
+            if spec.view != "full" and spec.budget is None:
+                view = max(view, min(spec.min_budget, ctx))
             ops = cost.draft_step(shape, view, batch, d)
         step_b = _buckets()
         draft_one = _time(ops, profile, d.draft()[0], step_b) + host
@@ -285,10 +296,12 @@ def spec_from_method(config: dict) -> MethodSpec:
     view = {"FullKV": "full", "StreamingKV": "streaming", "RecallIndex": "recall"}.get(kind, "recall")
     base = METHODS.get(name)
     stand_in = {"streaming": "magicdec", "recall": "sparsespec_l"}.get(view)
-    kw = {k: policy[k] for k in ("ratio", "k_sink", "k_recent", "window", "refresh", "budget") if k in policy}
+    kw = {k: policy[k] for k in ("ratio", "k_sink", "k_recent", "window", "refresh", "budget", "min_budget")
+          if k in policy}
     return MethodSpec(
         name, drafter="self" if target.endswith("SelfDrafter") else "model", view=view,
         draft_weights=_FORMATS.get(str(drafter.get("weights", "fp"))),
+        draft_head=_FORMATS.get(str(drafter.get("head_weights"))) if drafter.get("head_weights") else None,
         draft_kv=_FORMATS.get(str(drafter.get("kv", "fp"))),
         acceptance_from=(base.acceptance_from if base else stand_in if stand_in != name else None), **kw)
 

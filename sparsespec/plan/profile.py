@@ -4,6 +4,8 @@
     python -m sparsespec.plan.profile --measure --out my_cpu.json                      # run them here first
     python -m sparsespec.plan.profile --probe outputs/gpu_check/probe.json --out gpu.json  # the GPU check's probe
     python -m sparsespec.plan.profile --datasheet h100 --out h100.json                 # published figures
+    python -m sparsespec.plan.profile --datasheet h100 --step-overhead-ms 0.1 --round-overhead-ms 0.05 \
+        --out results/profiles/h100_datasheet.json                                      # the map's H100
 
 A profile holds the read bandwidth, the dense compute rate per dtype, and, where they were measured,
 tables of the rate (GB/s of bytes read) a weight product, an attention pass and the recall index's
@@ -42,6 +44,8 @@ DATASHEETS: dict[str, dict[str, Any]] = {
                  compute_tflops={"bfloat16": 989.0, "float16": 989.0, "float32": 67.0}),
     "a100": dict(name="NVIDIA A100 SXM4 80GB", bandwidth_gbs=2039.0,
                  compute_tflops={"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}),
+    "a40": dict(name="NVIDIA A40 48GB", bandwidth_gbs=696.0,
+                compute_tflops={"bfloat16": 149.7, "float16": 149.7, "float32": 37.4}),
 }
 
 
@@ -62,12 +66,30 @@ class DeviceProfile:
     step_overhead_ms: float = 0.0
     round_overhead_ms: float = 0.0
     lookup_ns_per_token: dict[int, float] = field(default_factory=dict)  # context -> ns a token of the scan
+    # weight format -> {rows: its product's rate per byte as a share of the float32 product's}: a
+    # block-quantized product on a CPU is slower per byte than its bytes say (it dequantizes as it reads)
+    format_share: dict[str, dict[int, float]] = field(default_factory=dict)
     notes: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for kind in (*KINDS, "lookup_ns_per_token"):
             setattr(self, kind, {int(r): float(v) for r, v in getattr(self, kind).items()})
+        self.format_share = {f: {int(r): float(v) for r, v in t.items()} for f, t in self.format_share.items()}
+
+    def share(self, fmt: str | None, rows: int) -> float:
+        """A weight format's product rate per byte over float32's at `rows` (1 where not measured):
+        linear in rows between the measured counts, flat past them."""
+        table = self.format_share.get(fmt or "")
+        if not table:
+            return 1.0
+        pts = sorted(table.items())
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (r0, v0), (r1, v1) in zip(pts, pts[1:], strict=False):
+            if rows <= r1:
+                return v0 + (v1 - v0) * (rows - r0) / (r1 - r0)
+        return pts[-1][1]
 
     def compute(self, dtype: str = "float32") -> float | None:
         """FLOP/s of dense products in `dtype` (int formats compute in bfloat16), or None."""
@@ -83,7 +105,7 @@ class DeviceProfile:
         read = op.bytes / (self.bandwidth_gbs * 1e9)
         table = getattr(self, op.kind, None) if op.kind in KINDS else None
         if table:
-            one = op.bytes * _per_byte(table, op.rows)
+            one = op.bytes * _per_byte(table, op.rows) / (self.share(op.fmt, op.rows) if op.kind == "linear" else 1.0)
         else:
             peak = self.compute(dtype)
             one = max(read, op.flops / peak) if peak and op.flops else read
@@ -97,6 +119,7 @@ class DeviceProfile:
         d = asdict(self)
         for kind in (*KINDS, "lookup_ns_per_token"):
             d[kind] = {str(r): round(v, 3) for r, v in sorted(d[kind].items())}
+        d["format_share"] = {f: {str(r): round(v, 3) for r, v in sorted(t.items())} for f, t in d["format_share"].items()}
         return json.dumps(d, indent=1)
 
 
@@ -149,17 +172,22 @@ def from_dict(d: dict[str, Any], where: str = "<dict>") -> DeviceProfile:
         raise ProfileError(f"profile={where}: {e}") from None
 
 
-def datasheet(name: str) -> DeviceProfile:
+def datasheet(name: str, step_overhead_ms: float = 0.0, round_overhead_ms: float = 0.0) -> DeviceProfile:
     """Published figures; prompt lookup's host scan is priced as on this project's CPU (the shipped
-    cpu profile), since no datasheet gives it."""
+    cpu profile), since no datasheet gives it. Host time per forward and per round is no datasheet
+    figure: 0 unless given, and the notes say which was assumed."""
     d = DATASHEETS[name]
     cpu = PROFILES / "cpu.json"
     lookup = json.loads(cpu.read_text()).get("lookup_ns_per_token", {}) if cpu.is_file() else {}
+    host = (f"per-step host overhead is not on a datasheet: {step_overhead_ms:g} ms a forward and "
+            f"{round_overhead_ms:g} ms a round are assumed here (a graph-captured forward's launch and sampling, "
+            "the engine's Python loop around it)" if step_overhead_ms or round_overhead_ms else
+            "per-step host overhead is not on a datasheet (0 here)")
     return DeviceProfile(name=d["name"], source="datasheet", bandwidth_gbs=d["bandwidth_gbs"],
                          compute_tflops=dict(d["compute_tflops"]), lookup_ns_per_token=lookup,
-                         notes="published peak figures; kernels reach less, and per-step host overhead is not on a "
-                               "datasheet (0 here): a probe run gives both. Prompt lookup's scan: this project's "
-                               "CPU's figures")
+                         step_overhead_ms=step_overhead_ms, round_overhead_ms=round_overhead_ms,
+                         notes=f"published peak figures (HBM bandwidth, dense tensor-core rate); kernels reach less, "
+                               f"and {host}: a probe run gives both. Prompt lookup's scan: this project's CPU's figures")
 
 
 def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
@@ -193,9 +221,24 @@ def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
 
 # -- building profiles ---------------------------------------------------------------------------
 
+def format_shares(reports: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """From the weight-format microbenchmark's reports (scripts/weight_formats.py, one per row count):
+    the project's kernel's int8 / int4 block products' GB/s over the float32 product's."""
+    out: dict[str, dict[int, float]] = {}
+    for rep in reports:
+        rates = {f["format"]: f["gbs"] for f in rep.get("formats", [])}
+        if "fp" not in rates:
+            continue
+        for fmt in ("int8", "int4"):
+            if fmt in rates:
+                out.setdefault(fmt, {})[int(rep.get("rows", 1))] = rates[fmt] / rates["fp"]
+    return out
+
+
 def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path: str = "ours",
                  attention_path: str = "native", round_overhead_ms: float = 0.0,
-                 lookup_ns_per_token: dict[int, float] | None = None, name: str | None = None) -> DeviceProfile:
+                 lookup_ns_per_token: dict[int, float] | None = None, name: str | None = None,
+                 formats: list[dict[str, Any]] | None = None) -> DeviceProfile:
     """A CPU profile from the microbenchmarks' reports (scripts/microbench.py --skinny and
     --attention): the weight products of `linear_path` ("ours": the project's few-rows kernel,
     "linear": F.linear) and the attention and index refresh of `attention_path` ("native", "avx2",
@@ -215,9 +258,11 @@ def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path:
         name=name or f"{cpu} (products: {linear_path}, attention: {attention_path})", source="measured", device="cpu",
         bandwidth_gbs=bandwidth, linear=linear, attention=med["attention"], index=med["index refresh"],
         round_overhead_ms=round_overhead_ms, lookup_ns_per_token=lookup_ns_per_token or {},
+        format_share=format_shares(formats or []),
         notes="tables from the committed microbenchmarks (their commands in provenance); the products' and "
               "attention's per-call host time is inside their timings, so step_overhead_ms is 0",
         provenance={"skinny": skinny.get("command"), "attention": attention.get("command"),
+                    "weight_formats": [f.get("command") for f in formats or []],
                     "skinny_date": prov.get("date"), "attention_date": attention.get("provenance", {}).get("date"),
                     "cpu": prov.get("cpu"), "threads": prov.get("threads")})
 
@@ -291,10 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--datasheet", choices=sorted(DATASHEETS))
     p.add_argument("--skinny", type=Path, default=ROOT / "results" / "skinny_products.json")
     p.add_argument("--attention", type=Path, default=ROOT / "results" / "attention_kernel.json")
+    p.add_argument("--weight-formats", type=Path, nargs="*",
+                   default=[ROOT / "results" / "weight_formats.json", ROOT / "results" / "weight_formats_5rows.json"],
+                   help="the weight-format microbenchmark's reports (int8 / int4 block products' rates by rows)")
     p.add_argument("--linear-path", default="ours", choices=("ours", "linear"),
                    help="weight products: the project's few-rows kernel (ours) or F.linear (linear)")
     p.add_argument("--attention-path", default="native", choices=("native", "avx2", "pytorch"))
     p.add_argument("--round-overhead-ms", type=float, default=0.0, help="host time a round adds (bookkeeping)")
+    p.add_argument("--step-overhead-ms", type=float, default=0.0,
+                   help="--datasheet: host time a forward adds (an assumption the profile's notes state)")
     p.add_argument("--lookup-ns", default=None,
                    help="prompt lookup's scan, ns per context token by context (CTX=NS,...; default: timed here "
                         "at each --ctx, about a second)")
@@ -305,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.datasheet:
-            prof = datasheet(args.datasheet)
+            prof = datasheet(args.datasheet, args.step_overhead_ms, args.round_overhead_ms)
+            prof.provenance = {"command": "python -m sparsespec.plan.profile " + " ".join(
+                str(a) for a in (argv if argv is not None else sys.argv[1:]))}
         elif args.probe:
             if not args.probe.is_file():
                 raise ProfileError(f"--probe {args.probe}: no such file; run scripts/device_probe.py --out DIR first")
@@ -334,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                 lookup = {parse_ctx(c): float(v) for c, v in (kv.split("=") for kv in args.lookup_ns.split(","))}
             else:
                 lookup = {parse_ctx(c): measure_lookup_ns(parse_ctx(c)) for c in args.ctx.split(",")}
+            formats = [json.loads(f.read_text()) for f in args.weight_formats if f.is_file()]
             prof = from_results(skinny, attention, args.linear_path, args.attention_path, args.round_overhead_ms,
-                                lookup, args.name)
+                                lookup, args.name, formats)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

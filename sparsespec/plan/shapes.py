@@ -20,6 +20,16 @@ KNOWN: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
                        max_position_embeddings=131072, model_type="qwen2"),
+    # the ends of the published claims' model ranges (docs/planning.md holds the claims against their ceilings)
+    "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
+                         max_position_embeddings=131072, model_type="llama"),
+    "qwen2.5-14b": dict(hidden_size=5120, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8,
+                        intermediate_size=13824, vocab_size=152064, tie_word_embeddings=False,
+                        max_position_embeddings=131072, model_type="qwen2"),
+    "llama-2-7b-128k": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                            intermediate_size=11008, vocab_size=32000, tie_word_embeddings=False,
+                            max_position_embeddings=131072, model_type="llama"),
 }
 # model types whose q/k/v projections carry a bias
 QKV_BIAS = ("qwen2",)

@@ -25,9 +25,12 @@ from pathlib import Path
 
 from sparsespec.config import parse_ctx
 from sparsespec.eval.summary import load_results
+from sparsespec.plan.maps import RENDERERS as PLAN_RENDERERS
 from sparsespec.provenance import provenance_text
 from sparsespec.reports import ReportError, quoted
 from sparsespec.reports.renderers import PLOTS, RENDERERS
+
+RENDERERS = {**RENDERERS, **PLAN_RENDERERS}  # the planner's tables (docs/planning.md)
 
 PROVENANCE_FILE = "provenance.json"  # an evaluate.py run's provenance: one per process that wrote rows
 MARKER = re.compile(r"^<!-- results: (?P<spec>.+?) -->\n(?P<body>.*?)^<!-- /results -->$", re.M | re.S)
