@@ -233,14 +233,14 @@ def _part(key: str, node: Any, **extra: Any) -> Any:
         raise ConfigError(str(cause) if str(cause).startswith(f"{key}.") else f"{key}: {cause}") from None
 
 
-def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> None:
-    """Everything evaluate.py can check without a model. Raises ConfigError."""
+def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> list[Any]:
+    """Everything evaluate.py can check without a model -> the checked methods (one `Method` per
+    method config, `cfg.method` without a list). Raises ConfigError."""
     from sparsespec.data import DatasetError, loader_options
     from sparsespec.eval.settings import EvaluateConfig
 
     check_settings(cfg, EvaluateConfig)
-    for mc in method_cfgs if method_cfgs is not None else [cfg.method]:
-        check_method(mc)
+    methods = [check_method(mc) for mc in (method_cfgs if method_cfgs is not None else [cfg.method])]
     name = cfg.dataset.name
     try:  # the loader imports, and its options are known, before any model loads
         known = loader_options(cfg.dataset._target_)
@@ -257,6 +257,7 @@ def validate_evaluate_config(cfg: Any, method_cfgs: list[Any] | None = None) -> 
         parse_ctx(cfg.ctx)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return methods
 
 
 def _check_trainer(tc: Any) -> None:

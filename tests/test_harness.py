@@ -2,7 +2,8 @@
 
 The output contract (docs/architecture.md), several methods in one run (token-identical to ar), bad input
 (non-zero exit, a message naming the key, no results file), resume (skips finished pairs, repairs a
-torn line, survives a real SIGKILL), the ctx forms, and the report rebuilt by scripts/report.py.
+torn line, survives a real SIGKILL), the ctx forms, and the report rebuilt by
+`python -m sparsespec.experiments report`.
 evaluate.py runs in a subprocess only where the entry point itself is under test; everything else
 composes the same config with Hydra and calls run_evaluation in-process.
 """
@@ -33,7 +34,8 @@ from helpers import (
 from hydra import compose, initialize_config_dir
 
 from sparsespec.config import parse_ctx, register_configs
-from sparsespec.eval.harness import EvaluationError, build_methods
+from sparsespec.eval.harness import EvaluationError, with_baseline
+from sparsespec.eval.methods import Method
 from sparsespec.eval.results import CONTRACT_FIELDS, read_rows
 from sparsespec.eval.summary import PLOTS, build_report, summarize
 
@@ -150,15 +152,14 @@ def test_ar_runs_first_so_every_row_gets_its_speedup():
     with initialize_config_dir(str(CONF), version_base="1.3"):
         mcfgs = [compose("evaluate", overrides=[f"method={m}"]).method for m in ("magicdec", "sparsespec_l")]
         ar_cfg = compose("evaluate", overrides=["method=ar"]).method
-    assert [m.name for m in build_methods(mcfgs, "ar")] == ["ar", "magicdec", "sparsespec_l"]
-    assert [m.name for m in build_methods([*mcfgs, ar_cfg], None)] == ["ar", "magicdec", "sparsespec_l"]
-    assert [m.name for m in build_methods(mcfgs, None)] == ["magicdec", "sparsespec_l"]
+    methods, ar = [Method.from_config(c) for c in mcfgs], Method.from_config(ar_cfg)
+    assert [m.name for m in with_baseline(methods, "ar")] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m in with_baseline([*methods, ar], None)] == ["ar", "magicdec", "sparsespec_l"]
+    assert [m.name for m in with_baseline(methods, None)] == ["magicdec", "sparsespec_l"]
     # the implicit baseline and an explicit `method=ar` are the same method settings (resume relies on it)
-    assert build_methods(mcfgs, "ar")[0].as_dict() == build_methods([ar_cfg], None)[0].as_dict()
+    assert with_baseline(methods, "ar")[0].as_dict() == with_baseline([ar], None)[0].as_dict()
     with pytest.raises(EvaluationError, match="twice"):
-        build_methods([mcfgs[0], mcfgs[0]], None)
-    with pytest.raises(EvaluationError, match="baseline=ar or baseline=null"):
-        build_methods(mcfgs, "magicdec")
+        with_baseline([methods[0], methods[0]], None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,6 +189,26 @@ def test_unknown_method_and_missing_model_exit_nonzero_without_results(env, tmp_
     assert not (out / "results.jsonl").exists() and not out.exists()
 
 
+@pytest.mark.slow  # starts evaluate.py in its own process
+def test_a_missing_drafter_path_is_named_as_drafter_path(env, tmp_path):
+    """The key in the message is the one the user set: a drafter's path is drafter.path, never the
+    model.path of the loader underneath; checked before the target loads where the path is local."""
+    missing = tmp_path / "no_drafter"
+    out = tmp_path / "missing_drafter"
+    proc = run_evaluate(env, out, "method=sd", f"drafter.path={missing}")
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "drafter.path" in ln]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert errors[0].endswith(f"drafter.path='{missing}' does not exist: pass the drafter's model directory "
+                              "(a train.py export, or any model with the target's tokenizer) or a hub id")
+    assert not out.exists()
+    # a name without a folder is taken as a hub id (offline here): still drafter.path, not model.path
+    proc = run_evaluate(env, out, "method=sd", "drafter.path=no_such_drafter")
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "drafter.path" in ln]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "drafter.path=no_such_drafter was taken as a Hugging Face hub id" in errors[0]
+    assert "model.path" not in errors[0] and not out.exists()
+
+
 def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
     binary = tmp / "latin1.txt"
     binary.write_bytes("caf\xe9 au lait ".encode("latin-1") * 50)
@@ -211,7 +232,8 @@ def _bad_inputs(env, tmp: Path) -> dict[str, tuple[list[str], str]]:
         "missing drafter.path": (["method=sd", f"drafter.path={tmp / 'no_drafter'}"],
                                  f"drafter.path='{tmp / 'no_drafter'}' does not exist"),
         "drafter.path without a model": (["method=sd", f"drafter.path={empty_dir}"],
-                                         f"drafter.path={empty_dir}: the drafter could not be loaded"),
+                                         f"drafter.path={empty_dir} is a directory without config.json"),
+        "baseline other than ar": (["baseline=magicdec"], "baseline='magicdec' is not allowed"),
         "gen.max_new_tokens=0": (["gen.max_new_tokens=0"], "gen.max_new_tokens=0"),
         "gen.batch_size=0": (["gen.batch_size=0"], "gen.batch_size=0"),
         "gen.batch_size not an integer": (["gen.batch_size=two"], "gen.batch_size"),
@@ -386,8 +408,8 @@ def _row(sample: str, method: str, ctx: int, wall: float, alpha=None, budget=Non
     return r
 
 
-@pytest.mark.slow  # starts evaluate.py (or a script) in its own process
-def test_report_script_rebuilds_summary_and_plots_from_several_runs(tmp_path):
+@pytest.mark.slow  # starts evaluate.py (or the report command) in its own process
+def test_report_command_rebuilds_summary_and_plots_from_several_runs(tmp_path):
     run1, run2 = tmp_path / "run1", tmp_path / "run2"
     rows1, rows2 = [], []
     for ctx, rows in ((1024, rows1), (2048, rows2)):
@@ -403,7 +425,7 @@ def test_report_script_rebuilds_summary_and_plots_from_several_runs(tmp_path):
         (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"sample_id": "torn')
     out = tmp_path / "report"
     # run1 twice (a file and its directory): its rows count once
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), str(run1 / "results.jsonl"),
+    proc = subprocess.run([sys.executable, "-m", "sparsespec.experiments", "report", str(run1 / "results.jsonl"),
                            str(run2 / "results.jsonl"), str(run1), "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -424,7 +446,7 @@ def test_report_script_rebuilds_summary_and_plots_from_several_runs(tmp_path):
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == PNG, name
 
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), str(tmp_path / "none.jsonl"),
+    bad = subprocess.run([sys.executable, "-m", "sparsespec.experiments", "report", str(tmp_path / "none.jsonl"),
                           "--out", str(tmp_path / "r2")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no such results file" in bad.stderr
 

@@ -188,7 +188,7 @@ def _hydra_job(cfg: DictConfig) -> None:
     """One job of Hydra's app (`-m`, one method per job)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from sparsespec.eval.harness import EvaluationError
+    from sparsespec.eval.settings import EvaluationError
 
     args = list(HydraConfig.get().overrides.task)
     try:
@@ -206,7 +206,7 @@ def main(args: list[str]) -> int:
     """evaluate.py's command line -> its exit status (0, or 2 for bad input)."""
     from hydra._internal.utils import _run_hydra, get_args_parser
 
-    from sparsespec.eval.harness import EvaluationError
+    from sparsespec.eval.settings import EvaluationError
 
     parser = get_args_parser()
     ns = parser.parse_args(args)

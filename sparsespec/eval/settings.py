@@ -2,20 +2,32 @@
 in conf/evaluate.yaml (and conf/model, conf/dataset): the one place a default is written.
 
 Each section checks its fields in `__post_init__`; `sparsespec.config.validate_evaluate_config`
-runs them and the rules that span sections, before any model loads.
+runs them and the rules that span sections, before any model loads. `check_run` is the one place a
+run's settings are checked: it runs those checks, builds each method once, resolves what the rest
+of the run reads (ctx, sampling, out_dir, shard, device, dtypes) and returns them as `RunSettings`.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
 from sparsespec.checks import DTYPES, ConfigError, SettingError, choice, number, positive, require
-from sparsespec.eval.results import SHARD_FORM, parse_shard
+from sparsespec.eval.results import SHARD_FORM, Shard, parse_shard, resolve_shard, results_name
 from sparsespec.models.device import check_device_form
+
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+
+    from sparsespec.decoding.sampling import Sampling
+    from sparsespec.eval.methods import Method
+
+log = logging.getLogger(__name__)
 
 ROPE_SCALING = ("auto", "none", "yarn", "dynamic", "linear")
 
@@ -124,3 +136,88 @@ class EvaluateConfig:
                 parse_shard(self.shard)
             except ValueError as e:
                 raise ConfigError(f"shard={self.shard!r} {e}: expected {SHARD_FORM}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# a run's settings, checked once
+
+
+class EvaluationError(ValueError):
+    """Bad input: the message names the key or file and the fix."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings after `check_run`: what every later step reads instead of the raw config."""
+
+    cfg: DictConfig  # the composed config (config.yaml and the fingerprint are written from it)
+    methods: list[Method]  # each built once from its config; ar first when it takes part
+    ctx: int
+    max_new: int  # gen.max_new_tokens
+    sampling: Sampling
+    out_dir: Path
+    shard: Shard | None
+    device: torch.device
+    dtype: torch.dtype
+    drafter_dtype: torch.dtype
+
+    @property
+    def results_path(self) -> Path:
+        """This process's results file (its shard's, or results.jsonl)."""
+        return self.out_dir / results_name(self.shard)
+
+    @property
+    def chunk(self) -> int:
+        return int(self.cfg.runtime.prefill_chunk)
+
+    @property
+    def seed(self) -> int:
+        return int(self.cfg.gen.seed)
+
+
+def check_run(cfg: DictConfig, method_cfgs: list[DictConfig] | None = None) -> RunSettings:
+    """Every check that needs no model, once, before anything is loaded or written: the settings'
+    types and ranges, each method (built here, and only here, from its config), ctx, out_dir, the
+    shard and the device. Raises EvaluationError naming the key."""
+    from sparsespec.config import parse_ctx, validate_evaluate_config
+    from sparsespec.decoding.sampling import Sampling
+    from sparsespec.models.device import resolve_device, resolve_dtype
+
+    try:
+        methods = validate_evaluate_config(cfg, method_cfgs)
+    except ConfigError as e:
+        raise EvaluationError(str(e)) from e
+    methods = with_baseline(methods, cfg.baseline)
+    try:
+        out_dir = Path(str(cfg.out_dir))
+    except Exception as e:  # the default names the run from Hydra's runtime, which compose() does not set
+        raise EvaluationError(f"out_dir could not be resolved ({type(e).__name__}); pass out_dir=DIR") from e
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EvaluationError(f"out_dir={out_dir} is a file; pass a directory")
+    try:
+        shard = resolve_shard(cfg.get("shard"))  # shard=null reads the launcher's environment
+        device = resolve_device(cfg.model.device)
+        dtype = resolve_dtype(cfg.model.dtype, device)
+        drafter_dtype = resolve_dtype(cfg.drafter.dtype or cfg.model.dtype, device, key="drafter.dtype")
+    except ValueError as e:
+        raise EvaluationError(str(e)) from None
+    if shard is not None:
+        log.info("shard %s (%s): samples %d, %d, %d, ... of the list, into %s", shard, shard.source, shard.index,
+                 shard.index + shard.count, shard.index + 2 * shard.count, out_dir / results_name(shard))
+    # ctx, temperature and top_p were checked above (validate_evaluate_config, GenConfig)
+    return RunSettings(cfg, methods, parse_ctx(cfg.ctx), int(cfg.gen.max_new_tokens),
+                       Sampling(float(cfg.gen.temperature), float(cfg.gen.top_p)), out_dir, shard, device, dtype,
+                       drafter_dtype)
+
+
+def with_baseline(methods: list[Method], baseline: str | None) -> list[Method]:
+    """The run's methods with `ar` added for baseline=ar, ar first: the paired speedup and the
+    identity check of every other method's row need ar's row of the same sample."""
+    from sparsespec.eval.methods import Method
+
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise EvaluationError(f"method list {names} names a method twice; list each method once")
+    if baseline == "ar" and "ar" not in names:
+        methods = [Method(name="ar"), *methods]
+    return sorted(methods, key=lambda m: m.name != "ar")

@@ -53,6 +53,11 @@ _FIX_HINT = ("pass a model directory, a .gguf file, a hub id like org/name, "
              "or leave it unset for the embedded SmolLM2")
 
 
+def _fix_hint(key: str) -> str:
+    """What to pass instead; only model.path falls back to the embedded model when unset."""
+    return _FIX_HINT if key == "model.path" else "pass a model directory, a .gguf file or a hub id like org/name"
+
+
 class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message names the path and how to fix it."""
 
@@ -77,32 +82,33 @@ def _looks_local(spec: str) -> bool:
     return spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or spec.count("/") > 1 or "\\" in spec
 
 
-def resolve_source(path: str | os.PathLike[str] | None) -> tuple[str, bool]:
+def resolve_source(path: str | os.PathLike[str] | None, key: str = "model.path") -> tuple[str, bool]:
     """Map a `model.path` value to `(source, is_local)`: a local model directory (building the
-    embedded model or converting a GGUF on the way, as needed) or a hub id. Raises ModelLoadError."""
+    embedded model or converting a GGUF on the way, as needed) or a hub id. Raises ModelLoadError
+    naming `key`, the setting the path came from."""
     if path is None or (isinstance(path, str) and path.strip() in EMBEDDED_ALIASES + ("",)):
         try:
             return str(embedded.ensure_embedded_model()), True
         except embedded.EmbeddedModelError as e:
-            raise ModelLoadError(f"model.path=null (embedded SmolLM2): {e}") from e
+            raise ModelLoadError(f"{key}=null (embedded SmolLM2): {e}") from e
     spec = os.fspath(path).strip()
     p = Path(spec).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
             ggufs = sorted(p.glob("*.gguf"))
-            hint = (f"; it holds {ggufs[0].name}: pass that file, e.g. model.path={ggufs[0]}" if ggufs
+            hint = (f"; it holds {ggufs[0].name}: pass that file, e.g. {key}={ggufs[0]}" if ggufs
                     else "; a Hugging Face model directory needs config.json, weights and tokenizer files")
-            raise ModelLoadError(f"model.path={spec} is a directory without config.json{hint}")
+            raise ModelLoadError(f"{key}={spec} is a directory without config.json{hint}")
         return str(p.resolve()), True
     if p.is_file():
         if p.suffix.lower() != ".gguf":
-            raise ModelLoadError(f"model.path={spec} is a file but not a .gguf; pass its directory "
-                                 f"({p.parent}) if it belongs to a Hugging Face checkpoint, or {_FIX_HINT}")
-        return str(_converted_gguf(p)), True
+            raise ModelLoadError(f"{key}={spec} is a file but not a .gguf; pass its directory "
+                                 f"({p.parent}) if it belongs to a Hugging Face checkpoint, or {_fix_hint(key)}")
+        return str(_converted_gguf(p, key)), True
     if _looks_local(spec):
-        raise ModelLoadError(f"model.path={spec} does not exist; {_FIX_HINT}")
+        raise ModelLoadError(f"{key}={spec} does not exist; {_fix_hint(key)}")
     if not _HUB_ID.fullmatch(spec):
-        raise ModelLoadError(f"model.path={spec} is neither an existing path nor a valid hub id; {_FIX_HINT}")
+        raise ModelLoadError(f"{key}={spec} is neither an existing path nor a valid hub id; {_fix_hint(key)}")
     return spec, False
 
 
@@ -130,13 +136,13 @@ def _gguf_sha(p: Path) -> str:
     return sha
 
 
-def _converted_gguf(p: Path) -> Path:
+def _converted_gguf(p: Path, key: str = "model.path") -> Path:
     """The cached float32 conversion of GGUF file `p`, built on first use. Keyed by content hash, so a
     renamed copy reuses it and a changed file gets a fresh one."""
     try:
         sha = _gguf_sha(p)
     except OSError as e:
-        raise ModelLoadError(f"model.path={p}: cannot read the file ({e})") from e
+        raise ModelLoadError(f"{key}={p}: cannot read the file ({e})") from e
     target = embedded.cache_root() / "gguf" / sha
     if embedded.is_built(target):
         return target
@@ -147,7 +153,7 @@ def _converted_gguf(p: Path) -> Path:
             return embedded.convert_gguf(p, target)
         except embedded.GGUFError as e:
             raise ModelLoadError(
-                f"model.path={p}: {str(e).rstrip('.')}. The file looks truncated or corrupt, or its architecture is not "
+                f"{key}={p}: {str(e).rstrip('.')}. The file looks truncated or corrupt, or its architecture is not "
                 "supported by transformers' GGUF reader; re-download it, or pass a Hugging Face model directory"
             ) from e
 
@@ -171,7 +177,7 @@ def _load_tokenizer_from(source: str, is_local: bool, what: str) -> PreTrainedTo
     except OSError as e:
         if is_local:
             raise ModelLoadError(f"{what}={source}: could not load its tokenizer ({e})") from e
-        raise ModelLoadError(_hub_message(source, e)) from e
+        raise ModelLoadError(_hub_message(source, e, what)) from e
     except (ValueError, KeyError, TypeError) as e:
         raise ModelLoadError(f"{what}={source}: could not load its tokenizer ({type(e).__name__}: {e})") from e
 
@@ -306,11 +312,12 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {name: cache, "use_cache": True}
 
 
-def _hub_message(hub_id: str, e: Exception) -> str:
+def _hub_message(hub_id: str, e: Exception, key: str = "model.path") -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return (f"model.path={hub_id} was taken as a Hugging Face hub id, but it could not be loaded: the hub "
+    unset = ", or leave model.path unset for the embedded SmolLM2" if key == "model.path" else ""
+    return (f"{key}={hub_id} was taken as a Hugging Face hub id, but it could not be loaded: the hub "
             f"could not be reached or has no such model ({first}). Offline, pass a local model directory "
-            "or .gguf file instead, or leave model.path unset for the embedded SmolLM2")
+            f"or .gguf file instead{unset}")
 
 
 def _own_weights(model: torch.nn.Module, directory: Path) -> int:
@@ -395,6 +402,7 @@ def load_model(
     rope_scaling: str | Mapping[str, Any] | None = "auto",
     device: str | torch.device = "auto",
     tokenizer_path: str | os.PathLike[str] | None = None,
+    key: str = "model.path",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference.
 
@@ -404,34 +412,35 @@ def load_model(
     loads the tokenizer from elsewhere (for weight-only directories). `device`/`dtype`: see
     `sparsespec.models.device` (auto: CUDA in bfloat16 when available, else the CPU in float32).
     Raises ModelLoadError for anything about the path, ValueError (ConfigError) for a bad device,
-    dtype or rope_scaling.
+    dtype or rope_scaling. `key`: the setting `path` came from (drafter.path for a drafter), named
+    in every message about the path.
     """
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     t0 = time.perf_counter()
-    source, is_local = resolve_source(path)
+    source, is_local = resolve_source(path, key)
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as e:
         if is_local:
-            raise ModelLoadError(f"model.path={source}: unreadable config.json ({e})") from e
-        raise ModelLoadError(_hub_message(source, e)) from e
+            raise ModelLoadError(f"{key}={source}: unreadable config.json ({e})") from e
+        raise ModelLoadError(_hub_message(source, e, key)) from e
     except ValueError as e:  # unknown model_type, invalid hub id, ...
-        raise ModelLoadError(f"model.path={source}: {e}") from e
+        raise ModelLoadError(f"{key}={source}: {e}") from e
     window = applied_sliding_window(config)
     if window is not None and ctx is not None and ctx > window:  # refuse before loading any weights
-        raise ModelLoadError(f"model.path={source}: {sliding_window_message(window, ctx)}")
+        raise ModelLoadError(f"{key}={source}: {sliding_window_message(window, ctx)}")
     max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
     if max_positions:
         _apply_rope(config, ctx, rope_scaling)
     elif ctx is not None:
-        log.warning("model.path=%s declares no max_position_embeddings; rope_scaling is not applied", source)
+        log.warning("%s=%s declares no max_position_embeddings; rope_scaling is not applied", key, source)
 
     if tokenizer_path is not None:
         tok_source, tok_local = resolve_source(tokenizer_path)
         tokenizer = _load_tokenizer_from(tok_source, tok_local, "tokenizer_path")
     else:
-        tokenizer = _load_tokenizer_from(source, is_local, "model.path")
+        tokenizer = _load_tokenizer_from(source, is_local, key)
 
     kwargs: dict[str, Any] = {"config": config, "dtype": torch_dtype, "attn_implementation": "sdpa"}
     if device.type != "cpu":  # straight onto the device, never a full copy in host memory
@@ -440,9 +449,9 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as e:
         if is_local:
-            raise ModelLoadError(f"model.path={source}: could not load the weights ({e}); the directory needs "
+            raise ModelLoadError(f"{key}={source}: could not load the weights ({e}); the directory needs "
                                  "model.safetensors (or pytorch_model.bin / sharded equivalents)") from e
-        raise ModelLoadError(_hub_message(source, e)) from e
+        raise ModelLoadError(_hub_message(source, e, key)) from e
     if device.type == "cpu" and is_local:
         _own_weights(model, Path(source))
     model.eval()
