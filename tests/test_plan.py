@@ -336,3 +336,16 @@ def test_a_weight_formats_measured_share_slows_its_products():
     assert prof.op_seconds(Op("linear", 1e9, 0.0, 1, 1, "weights", "int4")) == pytest.approx(0.2)
     assert prof.op_seconds(Op("linear", 1e9, 0.0, 3, 1, "weights", "int4")) == pytest.approx(0.1 / 0.375)
     assert from_dict(json.loads(prof.to_json())).format_share == {"int4": {1: 0.5, 5: 0.25}}
+
+
+def test_int8_kv_attention_is_priced_at_its_measured_rate_and_the_committed_profile_has_it():
+    from sparsespec.plan.cost import Op
+
+    prof = DeviceProfile("cpu", "measured", bandwidth_gbs=10.0, device="cpu", attention={1: 10.0},
+                         kv_share={"int8": 0.25})
+    fp = prof.op_seconds(Op("attention", 1e9, 0.0, 1, 1, "kv", "float32"))
+    assert prof.op_seconds(Op("attention", 0.25e9, 0.0, 1, 1, "kv", "int8")) == pytest.approx(fp)
+    cpu = load_profile("cpu")
+    kv = json.loads((ROOT / "results" / "plan_kv_formats.json").read_text())
+    assert 0 < cpu.kv_share["int8"] < 1 and cpu.kv_share["int8"] == pytest.approx(
+        sorted(r["int8_share"] for r in kv["rows"])[len(kv["rows"]) // 2])

@@ -41,7 +41,9 @@ def _profiles(results: Path, round_overhead_ms: float, lookup: dict[int, float])
     formats = [json.loads((results / f).read_text()) for f in ("weight_formats.json", "weight_formats_5rows.json")]
     profs = {path: from_results(skinny, attention, "linear", path, round_overhead_ms, lookup)
              for path in ("native", "pytorch")}
-    profs["kernels"] = from_results(skinny, attention, "ours", "native", round_overhead_ms, lookup, formats=formats)
+    kv = json.loads((results / "plan_kv_formats.json").read_text())
+    profs["kernels"] = from_results(skinny, attention, "ours", "native", round_overhead_ms, lookup, formats=formats,
+                                    kv_formats=kv)
     return profs
 
 

@@ -78,7 +78,7 @@ class Op:
     rows: int
     count: int = 1
     reads: str = "kv"
-    fmt: str | None = None  # a linear op's weight format (a profile may price formats apart)
+    fmt: str | None = None  # a linear op's weight format, an attention op's K/V format (priced apart)
 
 
 def matrix_bytes(out: int, inp: int, fmt: str, group: int = 32, bias: str | None = None, blocks: bool = False) -> float:
@@ -139,7 +139,8 @@ def forward(shape: ModelShape, rows: int, tokens: int, batch: int, weights: str,
     `tokens` cached tokens in `kv`, with the weights in `weights` (lm_head in `head`)."""
     return [Op("linear", weight_bytes(shape, weights, head, group, norms, blocks), linear_flops(shape, rows * batch),
                rows * batch, 1, "weights", dtype_name(weights)),
-            Op("attention", kv_bytes(shape, tokens, kv), attention_flops(shape, rows, tokens), rows, batch, "kv")]
+            Op("attention", kv_bytes(shape, tokens, kv), attention_flops(shape, rows, tokens), rows, batch, "kv",
+               dtype_name(kv, "kv", DRAFT_KV_FORMATS))]
 
 
 def ar_step(shape: ModelShape, ctx: int, batch: int = 1, dtypes: Dtypes | None = None) -> list[Op]:

@@ -135,7 +135,7 @@ def build() -> dict:
             "command": COMMAND, "provenance": Provenance.begin().end()}
 
 
-# -- rendering (docs/planning.md's marked sections; sparsespec.reports.rebuild calls these) ----------
+# -- rendering (docs/planning.md's marked sections, through sparsespec.experiments.plan) ---------------
 
 def _k(ctx: int) -> str:
     return f"{ctx // 1024}k"
@@ -186,25 +186,6 @@ def claims_markdown(rep: dict) -> str:
         lines.append(f"| {c['paper']} (arXiv {c['arxiv']}) | {c['claim']} | {c['draft']} | {c['ceiling']:.2f} "
                      f"({c['setting']}) | {c['headline'] / c['ceiling']:.2f} | {need} |")
     return "\n".join(lines)
-
-
-def _one(fn):
-    def render(sources: list[dict], **kw: Any) -> str:
-        if len(sources) != 1 or "report" not in sources[0]:
-            raise ValueError("this renderer takes one .json report")
-        return fn(sources[0]["report"], **kw)
-    return render
-
-
-def _calibration(rep: dict) -> str:
-    from sparsespec.plan.calibrate import summary_markdown
-
-    return summary_markdown(rep)
-
-
-# renderers for docs sections (`<!-- results: plan.map results/plan_map.json -->`)
-RENDERERS = {"plan.map": _one(maps_markdown), "plan.ceilings": _one(ceilings_markdown),
-             "plan.claims": _one(claims_markdown), "plan.calibration": _one(_calibration)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,8 @@ class DeviceProfile:
     # weight format -> {rows: its product's rate per byte as a share of the float32 product's}: a
     # block-quantized product on a CPU is slower per byte than its bytes say (it dequantizes as it reads)
     format_share: dict[str, dict[int, float]] = field(default_factory=dict)
+    # K/V format -> a draft's attention rate per byte over float32 K/V's (int8 views are dequantized as read)
+    kv_share: dict[str, float] = field(default_factory=dict)
     notes: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
 
@@ -105,7 +107,9 @@ class DeviceProfile:
         read = op.bytes / (self.bandwidth_gbs * 1e9)
         table = getattr(self, op.kind, None) if op.kind in KINDS else None
         if table:
-            one = op.bytes * _per_byte(table, op.rows) / (self.share(op.fmt, op.rows) if op.kind == "linear" else 1.0)
+            one = op.bytes * _per_byte(table, op.rows) / (
+                self.share(op.fmt, op.rows) if op.kind == "linear" else
+                self.kv_share.get(op.fmt or "", 1.0) if op.kind == "attention" else 1.0)
         else:
             peak = self.compute(dtype)
             one = max(read, op.flops / peak) if peak and op.flops else read
@@ -222,7 +226,7 @@ def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
 # -- building profiles ---------------------------------------------------------------------------
 
 def format_shares(reports: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
-    """From the weight-format microbenchmark's reports (scripts/weight_formats.py, one per row count):
+    """From the weight-format microbenchmark's reports (the weight_formats study, one per row count):
     the project's kernel's int8 / int4 block products' GB/s over the float32 product's."""
     out: dict[str, dict[int, float]] = {}
     for rep in reports:
@@ -238,9 +242,10 @@ def format_shares(reports: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
 def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path: str = "ours",
                  attention_path: str = "native", round_overhead_ms: float = 0.0,
                  lookup_ns_per_token: dict[int, float] | None = None, name: str | None = None,
-                 formats: list[dict[str, Any]] | None = None) -> DeviceProfile:
-    """A CPU profile from the microbenchmarks' reports (scripts/microbench.py --skinny and
-    --attention): the weight products of `linear_path` ("ours": the project's few-rows kernel,
+                 formats: list[dict[str, Any]] | None = None, kv_formats: dict[str, Any] | None = None
+                 ) -> DeviceProfile:
+    """A CPU profile from the microbenchmarks' reports (the skinny and attention_kernel studies of
+    sparsespec.experiments): the weight products of `linear_path` ("ours": the project's few-rows kernel,
     "linear": F.linear) and the attention and index refresh of `attention_path` ("native", "avx2",
     "pytorch"), each as GB/s by rows (median over contexts)."""
     wb = skinny["weight_bytes"]
@@ -259,10 +264,12 @@ def from_results(skinny: dict[str, Any], attention: dict[str, Any], linear_path:
         bandwidth_gbs=bandwidth, linear=linear, attention=med["attention"], index=med["index refresh"],
         round_overhead_ms=round_overhead_ms, lookup_ns_per_token=lookup_ns_per_token or {},
         format_share=format_shares(formats or []),
+        kv_share={"int8": statistics.median(r["int8_share"] for r in kv_formats["rows"])} if kv_formats else {},
         notes="tables from the committed microbenchmarks (their commands in provenance); the products' and "
               "attention's per-call host time is inside their timings, so step_overhead_ms is 0",
         provenance={"skinny": skinny.get("command"), "attention": attention.get("command"),
                     "weight_formats": [f.get("command") for f in formats or []],
+                    "kv_formats": (kv_formats or {}).get("command"),
                     "skinny_date": prov.get("date"), "attention_date": attention.get("provenance", {}).get("date"),
                     "cpu": prov.get("cpu"), "threads": prov.get("threads")})
 
@@ -277,10 +284,10 @@ def from_probe(probe: dict[str, Any], where: str = "probe.json") -> DeviceProfil
     gemv = (ceil.get("gemv_bf16") or {}).get("gb_s")
     if not gemv:
         raise ProfileError(f"profile={where}: the probe has no ceilings.gemv_bf16.gb_s (its ceilings step failed); "
-                           "rerun scripts/device_probe.py")
+                           "rerun python -m sparsespec.experiments device_probe")
     ctxs = [c for c in probe.get("contexts", []) if not c.get("failed")]
     if len(ctxs) < 2:
-        raise ProfileError(f"profile={where}: the probe has fewer than two contexts that ran; rerun scripts/device_probe.py")
+        raise ProfileError(f"profile={where}: the probe has fewer than two contexts that ran; rerun python -m sparsespec.experiments device_probe")
     shape = from_config(probe["shape"], "probe")
     dtype = probe.get("dtype", "bfloat16")
     a, b = ctxs[0], ctxs[-1]
@@ -332,13 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--from-results", action="store_true",
                      help="from results/skinny_products.json and results/attention_kernel.json (no timing)")
     src.add_argument("--measure", action="store_true", help="run the microbenchmarks here (minutes), then build")
-    src.add_argument("--probe", type=Path, help="a probe.json from scripts/device_probe.py")
+    src.add_argument("--probe", type=Path, help="a probe.json from python -m sparsespec.experiments device_probe")
     src.add_argument("--datasheet", choices=sorted(DATASHEETS))
     p.add_argument("--skinny", type=Path, default=ROOT / "results" / "skinny_products.json")
     p.add_argument("--attention", type=Path, default=ROOT / "results" / "attention_kernel.json")
     p.add_argument("--weight-formats", type=Path, nargs="*",
                    default=[ROOT / "results" / "weight_formats.json", ROOT / "results" / "weight_formats_5rows.json"],
                    help="the weight-format microbenchmark's reports (int8 / int4 block products' rates by rows)")
+    p.add_argument("--kv-formats", type=Path, default=ROOT / "results" / "plan_kv_formats.json",
+                   help="int8 K/V attention against float32's (python -m sparsespec.plan.kv_formats)")
     p.add_argument("--linear-path", default="ours", choices=("ours", "linear"),
                    help="weight products: the project's few-rows kernel (ours) or F.linear (linear)")
     p.add_argument("--attention-path", default="native", choices=("native", "avx2", "pytorch"))
@@ -360,14 +369,14 @@ def main(argv: list[str] | None = None) -> int:
                 str(a) for a in (argv if argv is not None else sys.argv[1:]))}
         elif args.probe:
             if not args.probe.is_file():
-                raise ProfileError(f"--probe {args.probe}: no such file; run scripts/device_probe.py --out DIR first")
+                raise ProfileError(f"--probe {args.probe}: no such file; run python -m sparsespec.experiments device_probe --out DIR/probe.json first")
             prof = from_probe(json.loads(args.probe.read_text()), str(args.probe))
         else:
             if args.measure:
                 from sparsespec.config import parse_ctx
+                from sparsespec.experiments.attention_kernel import bench_attention
+                from sparsespec.experiments.skinny import bench_skinny
                 from sparsespec.provenance import Provenance
-                from sparsespec.reports.attention_kernel import bench_attention
-                from sparsespec.reports.skinny import bench_skinny
 
                 prov = Provenance.begin()
                 skinny = bench_skinny(args.repeats, print)
@@ -377,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for f in (args.skinny, args.attention):
                     if not f.is_file():
-                        raise ProfileError(f"{f}: no such file; run `python scripts/microbench.py --skinny/--attention "
-                                           "--json FILE` or use --measure")
+                        raise ProfileError(f"{f}: no such file; run `python -m sparsespec.experiments skinny --out FILE` "
+                                           "(and `attention_kernel --out FILE`) or use --measure")
                 skinny, attention = json.loads(args.skinny.read_text()), json.loads(args.attention.read_text())
             from sparsespec.config import parse_ctx
 
@@ -387,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 lookup = {parse_ctx(c): measure_lookup_ns(parse_ctx(c)) for c in args.ctx.split(",")}
             formats = [json.loads(f.read_text()) for f in args.weight_formats if f.is_file()]
+            kv = json.loads(args.kv_formats.read_text()) if args.kv_formats and args.kv_formats.is_file() else None
             prof = from_results(skinny, attention, args.linear_path, args.attention_path, args.round_overhead_ms,
-                                lookup, args.name, formats)
+                                lookup, args.name, formats, kv)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
