@@ -39,7 +39,7 @@ test-fast: model
 
 # rebuild every results table and plot in README.md and docs/ from the committed files in results/
 docs: setup
-	$(BIN)/python scripts/docs.py
+	$(BIN)/python -m sparsespec.experiments docs
 
 lint: setup
 	$(BIN)/ruff check .

@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh [--cpu] [--out DIR] [--models LIST] [--new-tokens N] [--hf-compile]
 #   scripts/gpu_check.sh --wheels          build the wheels a bare GPU machine lacks into .whl/ (here)
 #
-# 1. The probe (scripts/device_probe.py, about a minute): copy and GEMV ceilings; on a random model of
+# 1. The probe (the device_probe study, about a minute): copy and GEMV ceilings; on a random model of
 #    Llama-3.1-8B's shape with its cache filled at 32k and 128k, the cost of each part of a round
 #    (ar step: wall, device and enqueue time; verification of 5 and 21 rows; a 10% draft step; the
 #    view's select and gather; the recall index's update; kernels per step); attend against a float32
@@ -14,7 +14,7 @@
 #    float32 on tiny Llama/Qwen2/Qwen3 models, the sampling distribution, the attention path against
 #    the reference (n = 1..130 queries, up to 128k keys, output and LSE), the sync count and the
 #    CUDA-only checks of tests/test_gpu_path.py. -> tests.log, tests.xml (JUnit)
-# 3. The speed table (scripts/gpu_check.py): our ar, magicdec and sparsespec_l, and Hugging Face
+# 3. The speed table (the gpu_speed study): our ar, magicdec and sparsespec_l, and Hugging Face
 #    generate() (SDPA over a StaticCache, which repeats K/V: labelled so) on the embedded SmolLM2
 #    (8k/32k/128k, where it is built) and a random Llama-3.1-8B-shaped model (32k/128k): tokens/s,
 #    acceptance, draft/verify cost ratio, peak GPU memory, identity with ar.
@@ -180,8 +180,8 @@ CPU_FLAG=()
 [[ "$MODE" == cpu ]] && CPU_FLAG=(--cpu)
 
 # 1. the probe
-say "probe: scripts/device_probe.py ${CPU_FLAG[*]}"
-if "$PYTHON" scripts/device_probe.py --out "$OUT" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} 2>&1 | tee -a "$LOG"; then
+say "probe: python -m sparsespec.experiments device_probe ${CPU_FLAG[*]}"
+if "$PYTHON" -m sparsespec.experiments device_probe --out "$OUT/probe.json" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} 2>&1 | tee -a "$LOG"; then
     PROBE_RC=0
 else
     PROBE_RC=$?
@@ -219,8 +219,8 @@ say "tests: $(tail -n 1 "$OUT/tests.log") (exit $TESTS_RC)"
 # 3. the speed table
 if [[ -n "$MODELS" ]]; then EXTRA+=(--models "$MODELS"); fi
 if [[ -n "$NEW_TOKENS" ]]; then EXTRA+=(--new-tokens "$NEW_TOKENS"); fi
-say "speed: scripts/gpu_check.py ${CPU_FLAG[*]} ${NO_HYDRA[*]} ${EXTRA[*]}"
-if "$PYTHON" scripts/gpu_check.py --out "$OUT" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} \
+say "speed: python -m sparsespec.experiments gpu_speed ${CPU_FLAG[*]} ${NO_HYDRA[*]} ${EXTRA[*]}"
+if "$PYTHON" -m sparsespec.experiments gpu_speed --out "$OUT/speed.json" --markdown "$OUT/speed.md" ${CPU_FLAG[@]+"${CPU_FLAG[@]}"} \
     ${NO_HYDRA[@]+"${NO_HYDRA[@]}"} ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee -a "$LOG"; then
     SPEED_RC=0
 else

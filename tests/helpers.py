@@ -373,7 +373,7 @@ def assert_blocks_match_transformers(hf) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the measuring scripts: PG-19-shaped books, a script imported as a module
+# the studies (sparsespec.experiments): PG-19-shaped books
 # ---------------------------------------------------------------------------------------------
 
 
@@ -385,16 +385,6 @@ def books(folder: Path, n: int) -> Path:
     data.write_text("".join(json.dumps({"short_book_title": f"Book {i}", "publication_date": "1900",
                                         "url": f"u{i}", "text": doc(i, 2000)}) + "\n" for i in range(n)))
     return data
-
-
-def script(name: str):
-    """scripts/NAME.py imported as a module (its main() called in-process)."""
-    import importlib
-
-    folder = str(ROOT / "scripts")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module(name)
 
 
 def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""sparsespec.reports.agreement: the logits of spans after a long prefix under a KV view, computed
+"""sparsespec.experiments.common.agreement: the logits of spans after a long prefix under a KV view, computed
 from only what reaches the spans, equal the whole prefix's."""
 
 import pytest
@@ -11,7 +11,7 @@ from sparsespec.kv.policies import FullKV, StreamingKV
 @pytest.mark.parametrize("view", [StreamingKV(budget=24, k_sink=4), StreamingKV(ratio=0.1, k_sink=4), FullKV()],
                          ids=["budget", "ratio", "full"])
 def test_span_logits_read_only_what_reaches_the_spans_and_equal_the_whole_prefix(view):
-    from sparsespec.reports.agreement import reach, span_logits
+    from sparsespec.experiments.common.agreement import reach, span_logits
 
     lm, ids = tiny_lm("qwen2", layers=2), random_prompt(1400, seed=3)
     prefix, spans = ids[:1300], [ids[1300:1340], ids[1340:1400]]

@@ -1,18 +1,22 @@
-"""scripts/bench.py runs end to end on a tiny model in seconds: every method, HF's included, on
-the same prompt, with identical greedy outputs and a markdown section that reruns replace; it resumes
-from its finished samples; its tables report the spread over samples and acceptance by quarter."""
+"""The bench study (sparsespec.experiments.bench) runs end to end on a tiny model in seconds: every
+method, HF's included, on the same prompt, with identical greedy outputs and its plot; it resumes
+from its finished samples; a saved report renders again without a run; its tables report the spread
+over samples and acceptance by quarter."""
 
 import json
 
 import pytest
-from helpers import books, make_tokenizer, save_model, script
+from helpers import books, make_tokenizer, save_model
 
 from sparsespec.eval.summary import distinct_by_part
-from sparsespec.reports import bench_run
-from sparsespec.reports.bench import markdown as bench_markdown
-from sparsespec.reports.sections import write_section
+from sparsespec.experiments import ExperimentError
+from sparsespec.experiments.bench import markdown as bench_markdown
+from sparsespec.experiments.common import runner
+from sparsespec.experiments.driver import run
 
-bench = script("bench")
+
+def bench(argv: list[str]) -> dict:
+    return run("bench", argv)
 
 
 def test_bench_runs_every_method_side_by_side(tmp_path):
@@ -20,12 +24,10 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
     target = save_model(tmp_path / "target", tok, layers=2, seed=0)
     drafter = save_model(tmp_path / "drafter", tok, layers=1, seed=1)
     data = books(tmp_path, 3)
-    md = tmp_path / "benchmarks.md"
-    md.write_text("# Benchmarks\n\nintro stays\n")
     methods = "hf,hf_assisted,hf_lookup,ar,ar:attention=pytorch,sd,magicdec,sparsespec_l,sparsespec_l:controller=fixed:k=3"
-    report = bench.main(["--ctx", "400,700", "--new-tokens", "12", "--repeats", "2", "--methods", methods,
-                         "--model-path", str(target), "--drafter-path", str(drafter), "--data", str(data),
-                         "--hf-full-max", "512", "--write", str(md), "--threads", "1", "--plot", str(tmp_path / "s.png")])
+    report = bench(["--ctx", "400,700", "--new-tokens", "12", "--repeats", "2", "--methods", methods,
+                    "--model", str(target), "--drafter", str(drafter), "--data", str(data),
+                    "--hf-full-max", "512", "--threads", "1", "--plot", str(tmp_path / "s.png")])
     rows = report["rows"]
     got = {(r["ctx"], r["method"]) for r in rows}
     assert {(400, m) for m in methods.split(",")} <= got
@@ -36,11 +38,8 @@ def test_bench_runs_every_method_side_by_side(tmp_path):
         if r["method"].split(":")[0] not in ("hf", "hf_assisted", "hf_lookup", "ar"):
             assert 0 <= r["acceptance"] <= 1 and r["gamma"] > 0
     assert (tmp_path / "s.png").stat().st_size > 1000
-    text = md.read_text()
-    assert "intro stays" in text and text.count("<!-- bench:decode -->") == 1 and "| 400 | sparsespec_l |" in text
-    write_section(md, "decode", "new body")
-    text = md.read_text()
-    assert "new body" in text and "sparsespec_l" not in text and "intro stays" in text
+    assert "| 400 | sparsespec_l |" in bench_markdown(report)
+    assert report["command"].startswith("python -m sparsespec.experiments bench --ctx 400,700")
 
 
 def test_bench_markdown_reports_the_spread_over_samples():
@@ -62,17 +61,17 @@ def test_bench_markdown_reports_the_spread_over_samples():
     assert "| 4k | magicdec | 20.00 ± 0.00 |" in repeated and "timed runs each" in repeated
 
 
-def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
+def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch, capsys):
     """A run stopped during its second sample keeps the first; --resume neither prefills nor decodes
     it again, and the finished report equals an uninterrupted run's outputs."""
     tok = make_tokenizer(chat=False)
     target = save_model(tmp_path / "target", tok, layers=2, seed=0)
     out = tmp_path / "r.json"
-    argv = ["--ctx", "400", "--new-tokens", "10", "--repeats", "1", "--warmup", "0", "--samples", "2",
-            "--methods", "ar,sparsespec_l", "--model-path", str(target), "--data", str(books(tmp_path, 2)),
-            "--threads", "1", "--json", str(out)]
+    argv = ["--ctx", "400", "--new-tokens", "10", "--repeats", "1", "--warmup", "0", "--books", "2",
+            "--methods", "ar,sparsespec_l", "--model", str(target), "--data", str(books(tmp_path, 2)),
+            "--threads", "1", "--out", str(out)]
     partial = out.with_suffix(".partial.jsonl")
-    real_prefill, prefilled = bench_run.prefill_once, []
+    real_prefill, prefilled = runner.prefill_once, []
 
     def stop_on_second(target, sample, n):
         if prefilled:
@@ -80,9 +79,9 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
         prefilled.append(sample.sample_id)
         return real_prefill(target, sample, n)
 
-    monkeypatch.setattr(bench_run, "prefill_once", stop_on_second)
+    monkeypatch.setattr(runner, "prefill_once", stop_on_second)
     try:
-        bench.main(argv)
+        bench(argv)
     except KeyboardInterrupt:
         pass
     assert not out.exists() and len(partial.read_text().splitlines()) == 2  # settings + the first sample
@@ -91,25 +90,26 @@ def test_bench_resumes_from_its_finished_samples(tmp_path, monkeypatch):
         prefilled.append(sample.sample_id)
         return real_prefill(target, sample, n)
 
-    monkeypatch.setattr(bench_run, "prefill_once", count)
-    with pytest.raises(SystemExit, match="other settings"):
-        bench.main([*argv, "--new-tokens", "11", "--resume"])
-    resumed = bench.main([*argv, "--resume"])
+    monkeypatch.setattr(runner, "prefill_once", count)
+    with pytest.raises(ExperimentError, match="other settings"):
+        bench([*argv, "--new-tokens", "11", "--resume"])
+    resumed = bench([*argv, "--resume"])
     assert len(prefilled) == 2 and prefilled[0] != prefilled[1]  # only the unfinished sample ran again
     assert not partial.exists() and json.loads(out.read_text())["rows"] == json.loads(json.dumps(resumed["rows"]))
-    fresh = bench.main([a for a in argv if a not in ("--json", str(out))])
+    fresh = bench([a for a in argv if a not in ("--out", str(out))])
     assert [r["output_ids"] for r in resumed["rows"]] == [r["output_ids"] for r in fresh["rows"]]
     assert all(r["identical_ar"] for r in resumed["rows"])
     # each report says where it came from, and that part of it was an earlier run's
     assert json.loads(out.read_text())["provenance"]["note"] == "resumed: 2 rows from an earlier run"
     assert "note" not in fresh["provenance"] and len(fresh["provenance"]["commit"]) == 40
     assert [r["sample"] for r in resumed["rows"]] == [r["sample"] for r in fresh["rows"]]
-    md = tmp_path / "b.md"
-    rerendered = bench.main(["--render", str(out), "--write", str(md), "--name", "r"])  # runs nothing
+    capsys.readouterr()
+    rerendered = bench(["--render", str(out), "--plot", str(tmp_path / "r.png")])  # runs nothing
     assert rerendered["rows"] == json.loads(out.read_text())["rows"]
-    assert bench_markdown(json.loads(out.read_text())) in md.read_text()
-    with pytest.raises(SystemExit, match="--render"):
-        bench.main(["--render", str(tmp_path / "missing.json")])
+    assert bench_markdown(json.loads(out.read_text())) in capsys.readouterr().out
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    with pytest.raises(ExperimentError, match="--render"):
+        bench(["--render", str(tmp_path / "missing.json")])
 
 
 def test_acceptance_by_part_counts_each_round_where_it_starts():

@@ -1,33 +1,33 @@
 """Every results table and plot in README.md and docs/ is rebuilt from committed files in results/,
-and rebuilding reproduces the committed markdown exactly (`make docs` leaves git status clean)."""
+and rebuilding reproduces the committed markdown exactly (`make docs` leaves git status clean); a
+section's renderer is found by its name (sparsespec.experiments.common.rebuild)."""
 
 from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
+from sparsespec.experiments.common import rebuild as docs
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import docs  # noqa: E402
 
 
 def test_committed_docs_are_what_their_results_files_give():
     """The numbers in README.md and docs/ are the committed results, rendered: no table was edited
     by hand, none lacks its file, every plot exists."""
     assert docs.main(["--check"]) == 0
-    found = docs.sections()
+    found = docs.sections(ROOT)
     readme = found["README.md"]
     assert any(s.startswith("plot.") for s in readme) and any(not s.startswith("plot.") for s in readme)
     assert sum(len(v) for v in found.values()) >= 10
     for specs in found.values():
         for spec in specs:  # every section cites files inside results/
             assert all(p.startswith("results/") for p in shlex.split(spec)[1:] if "=" not in p), spec
-    for doc in docs.rebuild.docs_files(ROOT):  # and says where its numbers came from, under its table
-        for m in docs.rebuild.MARKER.finditer(doc.read_text(encoding="utf-8")):
+    for doc in docs.docs_files(ROOT):  # and says where its numbers came from, under its table
+        for m in docs.MARKER.finditer(doc.read_text(encoding="utf-8")):
             assert "<sub>Provenance" in m["body"], f"{doc.name}: {m['spec']}"
 
 
@@ -37,7 +37,7 @@ def _report(tok_s: float) -> dict:
            "identical_ar": True, "identical_hf": None, "prefill_s": 1.0, "hf_prefill_s": None, "peak_rss_gb": 1.0}
     spec = {**row, "method": "magicdec", "tok_s": 2 * tok_s, "vs_ar": 2.0, "acceptance": 0.8, "tau": 4.0,
             "gamma": 0.3, "k_mean": 4.0, "draft_ms": 10.0, "verify_ms": 5.0, "index_ms": 0.0, "other_ms": 0.1}
-    return {"command": "python scripts/bench.py --ctx 4k", "args": {"repeats": 1}, "bandwidth_gbs": 30.0,
+    return {"command": "python -m sparsespec.experiments bench --ctx 4k", "args": {"repeats": 1}, "bandwidth_gbs": 30.0,
             "weight_bytes": 5e8, "rows": [row, spec]}
 
 
@@ -57,14 +57,14 @@ def test_sections_are_rebuilt_from_their_files_and_stale_ones_are_found(tmp_path
     doc = tmp_path / "docs" / "b.md"
     doc.write_text("# B\n\nintro\n\n<!-- results: bench.pivot results/speed.json -->\nold\n<!-- /results -->\n\n"
                    "<!-- results: plot.bench results/speed.json img=docs/img/s.png -->\n<!-- /results -->\n\n"
-                   "<!-- results: eval.tasks results/run -->\n<!-- /results -->\nend\n")
+                   "<!-- results: evaluate.tasks results/run -->\n<!-- /results -->\nend\n")
     (tmp_path / "README.md").write_text("# R\n")
     assert docs.main(["--check"], root=tmp_path) == 2  # the plot does not exist yet: an error, not a pass
     assert docs.main([], root=tmp_path) == 0
     text = doc.read_text()
     assert "intro" in text and text.endswith("<!-- /results -->\nend\n") and "old" not in text
     assert "| magicdec | 2.00× | yes |" in text and "| ar | 10.0 tok/s | yes |" in text
-    assert "Made by `python scripts/bench.py --ctx 4k`. Data: [`results/speed.json`](../results/speed.json)." in text
+    assert "Made by `python -m sparsespec.experiments bench --ctx 4k`. Data: [`results/speed.json`](../results/speed.json)." in text
     assert "![s](img/s.png)" in text and (tmp_path / "docs" / "img" / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert "| niah_single | 4k | 1 | 1.00 | 8.00 | 2.00 (0.50, 2.00) | yes |" in text
     assert "Made by `python evaluate.py dataset=ruler`." in text
@@ -119,7 +119,7 @@ The target copies: D=200 0.94, D=700 0.90.
     ("spec @ tok/s ÷ ar @ tok/s", "1.25–1.45"), ("4k,spec @ tok/s ÷ 4k,ar @ tok/s | %", "125%"),
     ("16k @ tok/s+cells[0] | .1f", "0.1–7.2"), ("4k @ tok/s | min .0f", "10"), ("text @ D=200+D=700", "0.90–0.94")])
 def test_a_quoted_number_query_reads_rows_columns_and_ranges(query, value):
-    quoted = docs.rebuild.quoted
+    quoted = docs.quoted
     assert quoted.evaluate(quoted.parse_tables(TABLE) + quoted.prose_tables(TABLE), query) == value
 
 
@@ -127,7 +127,7 @@ def test_a_quoted_number_query_reads_rows_columns_and_ranges(query, value):
                                             ("4k @ speed", "no table has a column"), ("4k tok/s", "expected 'ROW @")])
 def test_a_query_that_reads_nothing_is_an_error(query, message):
     with pytest.raises(ValueError, match=message):
-        docs.rebuild.quoted.evaluate(docs.rebuild.quoted.parse_tables(TABLE), query)
+        docs.quoted.evaluate(docs.quoted.parse_tables(TABLE), query)
 
 
 def test_editing_one_quoted_number_of_the_readme_fails_the_check(tmp_path):
@@ -145,6 +145,8 @@ def test_editing_one_quoted_number_of_the_readme_fails_the_check(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [("bench.nope results/speed.json", "unknown renderer"),
+                                           ("nostudy results/speed.json", "unknown renderer"),
+                                           ("plot.train results/speed.json img=docs/x.png", "unknown renderer"),
                                            ("bench.pivot results/missing.json", "names no existing results file")])
 def test_a_bad_section_is_an_error_naming_it(tmp_path, capsys, spec, message):
     (tmp_path / "results").mkdir()
@@ -155,7 +157,7 @@ def test_a_bad_section_is_an_error_naming_it(tmp_path, capsys, spec, message):
 
 
 def test_figure1_training_table_gives_each_recipe_its_final_validation():
-    from sparsespec.reports.figure1 import training_table
+    from sparsespec.experiments.figure1 import training_table
 
     report = {"training": {"multi": [{"final": {"val/acc_B64": 0.30, "val/acc_full": 0.32, "val/loss": 1.0}},
                                      {"final": {"val/acc_B64": 0.32, "val/acc_full": 0.34}}],

@@ -1,4 +1,4 @@
-"""scripts/figure1.py on tiny models: each recipe's seeds per context, budget and text, the
+"""The figure1 study on tiny models: each recipe's seeds per context, budget and text, the
 cells' spread, the markdown and plot, resumed from finished windows."""
 
 import json
@@ -6,14 +6,14 @@ import math
 import statistics
 
 import pytest
-from helpers import books, make_tokenizer, save_model, script
+from helpers import books, make_tokenizer, save_model
+
+from sparsespec.experiments.driver import run
 
 
 def test_figure1_scores_each_recipes_seeds_per_context_budget_and_text(tmp_path):
-    figure1 = script("figure1")
-
-    from sparsespec.reports.checkpoint import Checkpoint
-    from sparsespec.reports.figure1 import cells, markdown, plot
+    from sparsespec.experiments.common.checkpoint import Checkpoint
+    from sparsespec.experiments.figure1 import cells, markdown, plot
 
     tok = make_tokenizer(chat=False)
     target = save_model(tmp_path / "target", tok, layers=3, seed=0)
@@ -23,8 +23,8 @@ def test_figure1_scores_each_recipes_seeds_per_context_budget_and_text(tmp_path)
     data = books(tmp_path, 3)
     args = ["untrained", f"a={target},{other}", f"b={lone}", "--model", str(target), "--data", str(data),
             "--ctx", "300,400", "--distances", "60,200", "--budgets", "32,full", "--span", "40", "--warmup", "4",
-            "--books", "2", "--n-layers", "1", "--json", str(tmp_path / "f.json")]
-    report = figure1.main(args)
+            "--books", "2", "--n-layers", "1", "--out", str(tmp_path / "f.json")]
+    report = run("figure1", args)
     assert [w["ctx"] for w in report["windows"]] == [300, 300, 400, 400]
     assert not (tmp_path / "f.partial.jsonl").exists()
     assert report["training"]["a"][1]["steps"] == 7 and "steps" not in report["training"]["a"][0]
@@ -51,5 +51,5 @@ def test_figure1_scores_each_recipes_seeds_per_context_budget_and_text(tmp_path)
                                       "distances": [60, 200], "span": 40, "warmup": 4, "offsets": [0.02],
                                       "data": str(data), "model": str(target)}))
     Checkpoint.open(str(tmp_path / "f.json"), settings, resume=False).add([kept])
-    again = figure1.main([*args, "--resume"])
+    again = run("figure1", [*args, "--resume"])
     assert again["windows"][0] == kept and again["windows"][1:] == report["windows"][1:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsespec.reports import gpu_speed
+from sparsespec.experiments import gpu_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -99,8 +99,9 @@ def test_models_and_new_tokens_pick_the_plan():
 @pytest.mark.slow
 def test_without_hydra_the_speed_table_is_the_same(tmp_path):
     """What a GPU machine without Hydra/OmegaConf runs (imports of them blocked), row for row."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--cpu", "--no-hydra",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "sparsespec.experiments", "gpu_speed", "--cpu", "--no-hydra",
+                           "--out", str(tmp_path / "speed.json"), "--markdown", str(tmp_path / "speed.md")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not _check_speed_report(tmp_path)["use_hydra"]
 
@@ -122,7 +123,7 @@ def test_rows_of_an_absent_embedded_model_are_skipped_with_the_reason(tmp_path, 
     """A GPU machine without the built model (and no way to build it offline) still gets every row."""
     monkeypatch.setenv("SPARSESPEC_CACHE", str(tmp_path))
     monkeypatch.delenv("SPARSESPEC_GGUF", raising=False)
-    report = gpu_speed.measure(EMBEDDED_PLAN, use_hydra=True)
+    report = gpu_speed.measure_plan(EMBEDDED_PLAN, use_hydra=True)
     assert [r["status"] for r in report["rows"]] == ["skipped"] * len(gpu_speed.METHODS)
     assert "not built" in report["rows"][0]["reason"] and report["ok"]
     assert "skipped: embedded model not built" in gpu_speed.markdown(report)
@@ -130,7 +131,7 @@ def test_rows_of_an_absent_embedded_model_are_skipped_with_the_reason(tmp_path, 
 
 @pytest.fixture
 def one_thread():
-    """As gpu_check.py --cpu runs: a small model on a busy machine is slowest with spinning threads."""
+    """As the gpu_speed study's --cpu runs: a small model on a busy machine is slowest with spinning threads."""
     import torch
 
     threads = torch.get_num_threads()
@@ -146,7 +147,7 @@ def test_embedded_model_rows_on_a_book_prompt(one_thread):
 
     if not embedded.is_built(embedded.embedded_model_dir()):
         pytest.skip("the embedded model is not built (make model)")
-    report = gpu_speed.measure(EMBEDDED_PLAN, use_hydra=True)
+    report = gpu_speed.measure_plan(EMBEDDED_PLAN, use_hydra=True)
     rows = {r["method"]: r for r in report["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()), rows
     assert all(rows[m]["identical_ar"] for m in gpu_speed.OURS) and report["ok"]

@@ -1,7 +1,7 @@
 """Reliability (issue 9, config / training / engine side): typed configs that fail before any model
 loads, train.py resume with the same data order, a teacher cache that is never read damaged,
 determinism of decoding and training, hostile inputs (a drafter with another vocabulary, sweep
-values of the wrong type), and a smoke run of scripts/soak.py on a tiny model."""
+values of the wrong type), The soak study's smoke run is tests/test_soak.py."""
 
 from __future__ import annotations
 
@@ -448,46 +448,6 @@ def test_sampled_generation_is_identical_across_processes(tmp_path):
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert outs[0] == outs[1] and len(outs[0]) == 32
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. the soak script, smoke-run on a tiny model
-# ---------------------------------------------------------------------------------------------
-
-
-def test_soak_script_smoke(env, tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import soak
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    text = tmp_path / "book.txt"
-    text.write_text(_text(9, 3000))
-    out = tmp_path / "soak"
-    report = soak.main(["--model-path", str(env["model_dir"]), "--ctx", "256", "--new-tokens", "24",
-                        "--text", str(text), "--out", str(out), "--interval", "0.05",
-                        "--set", "method.controller.candidates=[2,4]"])
-    data = json.loads((out / "soak.json").read_text())
-    assert (out / "soak.png").stat().st_size > 0
-    run = data["runs"][0]
-    assert run["ctx"] == 256 and run["new_tokens"] == 24 and run["prompt_tokens"] == 256
-    assert run["rounds"] and all(0 <= r["accepted"] <= r["drafted"] for r in run["rounds"])
-    assert sum(r["accepted"] + 1 for r in run["rounds"]) <= 23  # tokens after the prefill's first one
-    assert run["rounds"][-1]["tokens"] <= 24
-    assert run["memory"] and all(m["rss_mib"] > 0 for m in run["memory"])
-    assert report["runs"][0]["acceptance_rate"] == run["acceptance_rate"]
-    # the comparison methods decode from the same shared prefill, and the first law holds
-    assert [c["method"] for c in run["compare"]] == ["ar", "magicdec"]
-    assert all(c["same_output"] and c["new_tokens"] == 24 for c in run["compare"])
-    assert run["speedup_vs_ar"] > 0
-    # long-output evidence: acceptance by quarter, from the same rounds, and the loop check
-    quarters = [q for q in run["acceptance_by_quarter"] if q is not None]
-    assert len(run["acceptance_by_quarter"]) == 4 and quarters and all(0 <= q <= 1 for q in quarters)
-    assert len(run["output_ids"]) == 24 and len(run["distinct_by_quarter"]) == 4
-    # its table, as docs are rebuilt from soak.json: every method against ar, and the memory it held
-    md = soak.markdown(data)
-    assert "| 256 | ar | " in md and "| 256 | sparsespec_l | " in md and md.count("| yes |") >= 3
-    assert data["command"].startswith("python scripts/soak.py --model-path")
 
 
 def test_train_refuses_a_gpu_this_machine_lacks_before_any_model_loads(env, tmp_path, no_model_load):

@@ -1,23 +1,23 @@
-"""scripts/sensitivity.py on a tiny model: SparseSpec-L's ratio and window swept, every setting's
+"""The sensitivity study on a tiny model: SparseSpec-L's ratio and window swept, every setting's
 output ar's, the predicted speedup, the markdown and plot, resumed from finished windows."""
 
 
 import pytest
-from helpers import books, make_tokenizer, save_model, script
+from helpers import books, make_tokenizer, save_model
+
+from sparsespec.experiments.driver import run
 
 
-def test_sensitivity_script_sweeps_ratio_and_window_exactly_and_resumes(tmp_path):
-    sensitivity = script("sensitivity")
-
-    from sparsespec.reports.checkpoint import Checkpoint
-    from sparsespec.reports.sensitivity import markdown, plot
+def test_sensitivity_study_sweeps_ratio_and_window_exactly_and_resumes(tmp_path):
+    from sparsespec.experiments.common.checkpoint import Checkpoint
+    from sparsespec.experiments.sensitivity import markdown, plot
 
     tok = make_tokenizer(chat=False)
     target = save_model(tmp_path / "target", tok, layers=2, seed=0)
     data = books(tmp_path, 3)
     args = ["--model", str(target), "--data", str(data), "--ctx", "300", "--ratios", "0.05,0.5", "--windows", "2,8",
-            "--new-tokens", "12", "--books", "2", "--threads", "1", "--json", str(tmp_path / "s.json")]
-    report = sensitivity.main(args)  # raises if any setting's output differs from ar's
+            "--new-tokens", "12", "--books", "2", "--threads", "1", "--out", str(tmp_path / "s.json")]
+    report = run("sensitivity", args)  # raises if any setting's output differs from ar's
     rows = report["rows"]
     assert {(r["ratio"], r["window"]) for r in rows} == {(0.05, 2), (0.05, 8), (0.5, 2), (0.5, 8)}
     assert len(rows) == 8 and len({r["sample"] for r in rows}) == 2
@@ -35,5 +35,5 @@ def test_sensitivity_script_sweeps_ratio_and_window_exactly_and_resumes(tmp_path
     settings = {"ctx": [300], "ratios": [0.05, 0.5], "windows": [2, 8], "new_tokens": 12, "repeats": 1,
                 "data": str(data), "model": str(target)}
     Checkpoint.open(str(tmp_path / "s.json"), settings, resume=False).add(kept)
-    again = sensitivity.main([*args, "--resume"])["rows"]
+    again = run("sensitivity", [*args, "--resume"])["rows"]
     assert [r for r in again if r["sample"] == first] == kept and len(again) == 8

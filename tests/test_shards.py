@@ -99,7 +99,7 @@ def test_two_shard_processes_at_once_give_the_unsharded_rows_and_one_report(env,
     assert {e["method"]: e["n"] for e in json.loads((out / "summary.json").read_text())} == {"ar": 3, "magicdec": 3}
     assert sum(cmd.count("shard=") for cmd in (out / "command.txt").read_text().splitlines()) == 2
 
-    report = subprocess.run([sys.executable, str(ROOT / "scripts/report.py"), str(out), "--out", str(tmp_path / "rep")],
+    report = subprocess.run([sys.executable, "-m", "sparsespec.experiments", "report", str(out), "--out", str(tmp_path / "rep")],
                             cwd=ROOT, env=sub_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())

@@ -1,5 +1,5 @@
-"""The weight-format microbenchmark's table: every case's time, spread, bytes and ratio to float32."""
-from sparsespec.reports.weight_formats import weight_formats_table
+"""The weight_formats study's table: every case's time, spread, bytes and ratio to float32."""
+from sparsespec.experiments.weight_formats import markdown as weight_formats_table
 
 
 def test_the_table_shows_each_case_with_its_spread_and_ratio():
