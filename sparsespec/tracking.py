@@ -204,7 +204,7 @@ def log_evaluation(cfg: DictConfig, out_dir: str | os.PathLike) -> str | None:
     off = resolve_offline(wcfg.get("offline", "auto"))
     _init_env(off)
     # every results file of out_dir (each shard writes its own; see sparsespec.eval.results), read as
-    # scripts/report.py and the summary read them, so this run logs what summary.json summarises
+    # the report command and the summary read them, so this run logs what summary.json summarises
     from sparsespec.eval.results import results_files
     from sparsespec.eval.summary import load_results
 

@@ -2,7 +2,7 @@
 
 A model that can copy predicts every token of the stretch from a few tokens in, and only while the
 source D tokens back is in its view; plain book text rarely needs a token that far back. The
-budget control (scripts/control.py) and the training windows' far-copy mixing
+budget control (the budget_control study) and the training windows' far-copy mixing
 (`corpus.far_copy_share`) both build such text with this one function.
 """
 

@@ -267,8 +267,8 @@ def _report(run: RunSettings, out: RunDir, results: ResultsFile) -> None:
     print(f"results: {results.path}")
     if run.shard is not None or len(files) > 1:
         print(f"summary: {run.out_dir / 'summary.md'}, over the {len(rows)} rows of {len(files)} results file(s) in "
-              f"{run.out_dir} so far; `python scripts/report.py {run.out_dir} --out DIR` rebuilds it once every shard "
-              "is done")
+              f"{run.out_dir} so far; `python -m sparsespec.experiments report {run.out_dir} --out DIR` rebuilds it "
+              "once every shard is done")
 
 
 def answer_text(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, str | None]:

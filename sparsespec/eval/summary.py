@@ -3,8 +3,8 @@ mean ± std, as JSON, Markdown and plots.
 
 A group is (dataset, task, ctx, method, variant). The variant names the method settings that differ
 between rows of the same method name, which only happens when a report joins runs of one method at
-several settings (`scripts/report.py RUN1/results.jsonl RUN2/results.jsonl`, e.g. a budget
-sweep); within one run every method has one setting and the variant is empty.
+several settings (`python -m sparsespec.experiments report RUN1/results.jsonl RUN2/results.jsonl`,
+e.g. a budget sweep); within one run every method has one setting and the variant is empty.
 
 Plots (PNG, written next to the summary):
 
@@ -305,7 +305,7 @@ def write_reports(rows: list[dict], out_dir: str | Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# rebuilding a report from several results files (scripts/report.py)
+# rebuilding a report from several results files (python -m sparsespec.experiments report)
 # ---------------------------------------------------------------------------------------------
 
 

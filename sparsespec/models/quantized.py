@@ -16,8 +16,8 @@ Formats (`method.drafter.weights`):
   asymmetric min/max grid of GGUF's Q4_1 (`torch.ops.aten._weight_int4pack_mm_for_cpu`).
 
 Why torch's own packed ops: read cold over all of SmolLM2's linear layers, one row, 2 threads
-(`python scripts/weight_formats.py --threads 2 --torchao`, once, on this project's 2-core CPU while
-other work ran), a step took 73 ms in float32, 25 ms with bf16 `F.linear`, 12 ms through
+(`python -m sparsespec.experiments weight_formats --threads 2 --torchao`, once, on this project's
+2-core CPU while other work ran), a step took 73 ms in float32, 25 ms with bf16 `F.linear`, 12 ms through
 `_weight_int8pack_mm` and 6.8 ms through `_weight_int4pack_mm_for_cpu`: the low-bit ops read
 their bytes at least as fast as float32 reads its own, so the step's time falls with the format's
 bytes. Both ops are built for bfloat16 activations, so the copy takes the draft's rows in bfloat16

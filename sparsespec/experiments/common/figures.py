@@ -1,4 +1,4 @@
-"""Plots written so that the same numbers give the same bytes: scripts/docs.py rewrites the PNGs in
+"""Plots written so that the same numbers give the same bytes: `make docs` rewrites the PNGs in
 docs/img from results/, and an unchanged result must leave them unchanged."""
 
 from __future__ import annotations

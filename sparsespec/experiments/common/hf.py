@@ -1,5 +1,5 @@
 """Hugging Face's own generate() (plain, assisted by a drafter, prompt lookup), timed on the same
-prompts as our engine so that scripts/bench.py can put the two side by side.
+prompts as our engine so that the bench study can put the two side by side.
 
 Plain generate() is given our prefilled cache as a DynamicCache (it runs the prompt's tail itself);
 assisted generation and prompt lookup keep their own state and prefill it. Either way the decode

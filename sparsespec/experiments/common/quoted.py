@@ -1,6 +1,6 @@
 """Numbers quoted in the prose of README.md and docs/, read from the tables their results files give,
-so that a reading cannot go stale: `make docs` writes them, and `scripts/docs.py --check` (which
-tests/test_docs.py runs) fails where one differs.
+so that a reading cannot go stale: `make docs` writes them, and `python -m sparsespec.experiments
+docs --check` (which tests/test_docs.py runs) fails where one differs.
 
 A doc names the tables it quotes once, each on a line of its own (the spec is a marked section's:
 renderer, files, options):
