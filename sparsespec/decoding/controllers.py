@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
+
+from sparsespec.checks import SettingError
 
 
 @dataclass
@@ -51,20 +53,16 @@ class FixedK(Controller):
 
     reads_entropy: ClassVar[bool] = False
     k: int = 4
-    history: list[int] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k <= 0:
-            raise ValueError(f"k={self.k!r} is out of range: a positive draft length (>= 1)")
+            raise SettingError("k", self.k, "is out of range: a positive draft length (>= 1)")
 
     def max_draft(self) -> int:
         return self.k
 
     def keep_drafting(self, n_drafted: int, entropies: list[float]) -> bool:
         return n_drafted < self.k
-
-    def observe(self, stats: RoundStats) -> None:
-        self.history.append(stats.drafted)
 
     def report(self) -> dict:
         return {"controller": "fixed", "k": self.k}
@@ -82,8 +80,8 @@ class EntropyController(Controller):
         eff(k) = (1 + sum_{j<=k} prod_{i<=j} p_i) / (1 + k * gamma)
     of stopping now with every longer candidate, predicting the unseen tokens' p by the last one,
     and stops when stopping now is best. gamma = (time of one draft step) / (time of one verify
-    pass) is measured online (EMA). The product over p_i assumes independent acceptances — the
-    referee's objection (b) — so `report()` returns the calibration needed to check it.
+    pass) is measured online (EMA). The product over p_i assumes independent acceptances, so
+    `report()` returns the calibration needed to check it.
     """
 
     candidates: tuple[int, ...] = (4, 8, 12, 16, 20)
@@ -97,16 +95,16 @@ class EntropyController(Controller):
     def __post_init__(self) -> None:
         if not self.candidates or any(not isinstance(c, int) or isinstance(c, bool) or c <= 0
                                       for c in self.candidates):
-            raise ValueError(f"candidates={list(self.candidates)!r} is out of range: a non-empty list of "
-                             "positive draft lengths")
+            raise SettingError("candidates", list(self.candidates), "is out of range: a non-empty list of "
+                               "positive draft lengths")
         self.candidates = tuple(sorted(self.candidates))
         if not (isinstance(self.beta, int | float) and 0 <= self.beta < 1):
-            raise ValueError(f"beta={self.beta!r} is out of range: [0, 1)")
+            raise SettingError("beta", self.beta, "is out of range: [0, 1)")
         for key in ("h_acc_init", "h_rej_init"):
             if not (isinstance(getattr(self, key), int | float) and getattr(self, key) >= 0):
-                raise ValueError(f"{key}={getattr(self, key)!r} is out of range: an entropy in nats >= 0")
+                raise SettingError(key, getattr(self, key), "is out of range: an entropy in nats >= 0")
         if not (isinstance(self.gamma_init, int | float) and self.gamma_init > 0):
-            raise ValueError(f"gamma_init={self.gamma_init!r} is out of range: a cost ratio > 0")
+            raise SettingError("gamma_init", self.gamma_init, "is out of range: a cost ratio > 0")
         self.h_acc, self.h_rej, self.gamma = self.h_acc_init, self.h_rej_init, self.gamma_init
         self._p: list[float] = []
         self._h: list[float] = []
@@ -159,7 +157,7 @@ class EntropyController(Controller):
             self.gamma = b * self.gamma + (1 - b) * g
 
     def report(self) -> dict:
-        """Calibration (objection b): predicted vs observed acceptance of labelled draft tokens
+        """Calibration: predicted vs observed acceptance of labelled draft tokens
         (tokens up to and including the first rejection), and observed P(first m accepted) vs
         the mean product of the per-token estimates."""
         pred, obs = [], []

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparsespec.checks import positive
 from sparsespec.clock import DeviceClock
 from sparsespec.decoding.controllers import Controller, FixedK, RoundStats
 from sparsespec.decoding.drafters import DecodeState, Drafter, PromptLookup, Proposal, draft
@@ -39,7 +40,9 @@ class GenerationResult:
     output_ids: list[int]
     prompt_tokens: int
     prefill_s: float
-    wall_s: float  # decoding after prefill
+    # the decoding time after the prefill, not the whole call's (that adds prefill_s); the result
+    # rows keep this name (their contract), so it is not renamed here either
+    wall_s: float
     draft_s: float = 0.0
     verify_s: float = 0.0
     draft_steps: int = 0
@@ -170,9 +173,8 @@ class SpeculativeEngine:
         caches = list(caches) if caches is not None else [None] * n
         if not len(max_new) == len(seeds) == len(caches) == n:
             raise ValueError(f"{n} prompts need as many max_new_tokens, seeds and caches")
-        for m in max_new:
-            if m <= 0:
-                raise ValueError(f"gen.max_new_tokens must be positive, got {m}")
+        for m in max_new:  # the check evaluate.py's gen.max_new_tokens gets, for callers of this API
+            positive("max_new_tokens", m, int)
         sampling = sampling or Sampling()
         self._clock = DeviceClock(self.target.device)
         parts = [(self.drafter, self.controller, self.lookup)] + [self._parts_for_another_sequence()

@@ -121,21 +121,37 @@ class Method:
             except ValueError as e:
                 raise MethodConfigError(f"method {self.name}: {_at(e, 'method.drafter', self.drafter)}") from None
         controller = FixedK() if self.controller is None else self._build("controller", Controller)
-        try:
-            lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
-        except ValueError as e:  # PromptLookup's ngram is the method's lookup, its k the lookup_k
-            key = "lookup" if str(e).startswith("ngram") else "lookup_k"
-            raise MethodConfigError(f"method {self.name}: method.{key}={str(e).split('=', 1)[1]}"
-                                    + (", or 0 for no prompt lookup" if key == "lookup" else "")) from None
+        self._check_lookup()
+        lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
         return SpeculativeEngine(target, drafter, controller, prefill_chunk, lookup=lookup)
+
+    def _check_lookup(self) -> None:
+        """The method's own prompt-lookup fields (PromptLookup's ngram and k), at their keys."""
+        try:
+            if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or self.lookup < 0:
+                raise SettingError("method.lookup", self.lookup, "is out of range: an n-gram size >= 1, or 0 for "
+                                   "no prompt lookup")
+            k = self.lookup_k
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise SettingError("method.lookup_k", k, "is out of range: a draft length >= 1, or null for the "
+                                   "controller's")
+        except SettingError as e:
+            raise MethodConfigError(f"method {self.name}: {e}") from None
 
 
 def _at(e: Exception, where: str, node: dict) -> str:
-    """A part's error as the key the user set: a SettingError carries its key; a plain message that
-    starts with one of the part's fields (`ratio=2 ...`, or `Name: ratio=2 ...`) is read as that field's."""
+    """A part's error at the key the user set (`where`: the part's node, e.g. method.drafter.policy).
+    A SettingError carries the part's own field, so its key is `where` + that field."""
     if isinstance(e, SettingError):
         return str(e.at(where))
-    m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)  # parts that do not raise SettingError yet
+    return _plain_at(e, where, node)
+
+
+def _plain_at(e: Exception, where: str, node: dict) -> str:
+    """Another error's message at the part's node: a part should raise SettingError, but a message
+    that starts with one of the part's fields (`ratio=2 ...`, or `Name: ratio=2 ...`), as a part
+    written without it raises, is still placed at that field."""
+    m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)
     if m and m[2] in node:
         return f"{where}.{m[2]}={m[3]}" + (f" ({m[1]})" if m[1] else "")
     return f"{where}: {e}"
