@@ -1,7 +1,7 @@
-"""Reliability (issue 9, config / training / engine side): typed configs that fail before any model
-loads, train.py resume with the same data order, a teacher cache that is never read damaged,
-determinism of decoding and training, hostile inputs (a drafter with another vocabulary, sweep
-values of the wrong type), The soak study's smoke run is tests/test_soak.py."""
+"""Reliability (config / training / engine side): typed configs that fail before any model loads,
+train.py resume with the same data order, a teacher cache that is never read damaged, determinism
+of decoding and training, hostile inputs (a drafter with another vocabulary, sweep values of the
+wrong type). The soak study's smoke run is tests/test_soak.py."""
 
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ class SharedPrefill:
 
     The target's cache after the prompt is the same whatever the method, so it is computed once, up
     to the last TAIL prompt tokens; each run prefills that tail itself (so a view's prefill capture
-    sees real queries), decodes, and crops the cache back. At 64k this saves a multi-minute prefill
-    per method. A run's prefill_s is the shared prefill's time plus its own tail. The caches of the
-    samples passed to `hold` (a batch's) are kept together; any other is freed when a new one is made.
+    sees real queries), decodes, and crops the cache back. At a long context the prefill is most of
+    a run's time, and every method after the first is spared it. A run's prefill_s is the shared
+    prefill's time plus its own tail. The caches of the samples passed to `hold` (a batch's) are
+    kept together; any other is freed when a new one is made.
     """
 
     TAIL = 64

@@ -5,9 +5,8 @@
 * `small`: a fresh, randomly initialised LlamaConfig of the given size (target's vocab size).
 * `path=DIR`: any Hugging Face causal-LM directory (e.g. a previous export) to fine-tune.
 
-Default N=2, chosen from the measured gamma = drafter decode step / target decode step on the
-2-core CPU (SmolLM2-135M target, 2k context, CausalLM runner): N=1 0.13, N=2 0.16, N=4 0.21,
-N=6 0.25. The 49k-vocab head is a fixed cost, so layers are cheap at first; see docs/training.md.
+Default N=2: the 49k-vocabulary head is a fixed cost of every drafter step, so the first layers
+add little to a step's cost (gamma) while each adds to acceptance; docs/training.md has the choice.
 """
 
 from __future__ import annotations

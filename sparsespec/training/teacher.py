@@ -172,7 +172,7 @@ class TargetTeacher:
             torch.cuda.empty_cache()
         if sys.platform.startswith("linux"):
             # glibc keeps freed heap memory for reuse; after the teacher pass that is the bf16 copy of
-            # the target (measured: 200 MiB of SmolLM2 stayed resident during training without this)
+            # the target, which would otherwise stay resident for the rest of training
             try:
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
             except (OSError, AttributeError):  # not glibc: the memory is reused by this process instead
