@@ -125,7 +125,9 @@ def run(name: str, argv: list[str]) -> dict:
     prov = Provenance.begin()
     settings = {key: getattr(args, key) for key in getattr(module, "RESUME", ())}
     checkpoint = Checkpoint.open(args.out, settings, getattr(args, "resume", False))
-    report = {"args": {k: v for k, v in vars(args).items() if k != "render"}, **module.measure(args, checkpoint),
+    measured = module.measure(args, checkpoint)
+    # the options as the study used them (its check may have parsed them); `_name`: the study's own state
+    report = {"args": {k: v for k, v in vars(args).items() if k != "render" and not k.startswith("_")}, **measured,
               "command": shlex.join([*ENTRY, name, *argv])}
     report["provenance"] = checkpoint.provenance(prov)
     if args.out:

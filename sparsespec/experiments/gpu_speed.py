@@ -168,7 +168,7 @@ def check(args) -> None:
     if args.cpu:  # tiny models gain nothing from threads, and threads spinning on a busy machine slow them 10x
         torch.set_num_threads(1)
     try:
-        args.plan = select(CPU_PLAN if args.cpu else GPU_PLAN, args.models, args.new_tokens)
+        args._plan = select(CPU_PLAN if args.cpu else GPU_PLAN, args.models, args.new_tokens)
     except ValueError as e:
         raise ExperimentError(str(e)) from None
     if args.out:  # the run's log beside its report (what a borrowed GPU machine returns)
@@ -182,8 +182,7 @@ def measure(args, checkpoint) -> dict:
     """measure_plan on the command line's plan."""
     import dataclasses
 
-    plan = dataclasses.replace(args.plan, hf_compile=args.hf_compile)
-    args.plan = dataclasses.asdict(plan)  # as the report keeps it
+    plan = dataclasses.replace(args._plan, hf_compile=args.hf_compile)
     return measure_plan(plan, not args.no_hydra and hydra_available(), log.info)
 
 
