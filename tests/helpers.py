@@ -321,7 +321,7 @@ def engine(target, made, controller):
     from sparsespec.decoding.engine import SpeculativeEngine
 
     drafter, lookup = made if isinstance(made, tuple) else (made, None)
-    return SpeculativeEngine(target, drafter, controller, lookup=lookup)
+    return SpeculativeEngine(target, drafter, controller, prompt_lookup=lookup)
 
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:

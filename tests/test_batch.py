@@ -37,7 +37,7 @@ def methods(small):
 
 def build(target, made) -> SpeculativeEngine:
     drafter, controller, lookup = made
-    return SpeculativeEngine(target, drafter, controller, lookup=lookup)
+    return SpeculativeEngine(target, drafter, controller, prompt_lookup=lookup)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

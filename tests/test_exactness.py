@@ -43,7 +43,7 @@ def test_lookup_drafts_are_accepted_and_exact():
     for family, prompt_len, seed in FAMILY_PROMPTS:
         target, prompt = tiny_lm(family), random_prompt(prompt_len, seed=seed)
         ar = SpeculativeEngine(target).generate(prompt, 40)
-        res = SpeculativeEngine(target, None, FixedK(5), lookup=PromptLookup(1)).generate(prompt, 40)
+        res = SpeculativeEngine(target, None, FixedK(5), prompt_lookup=PromptLookup(1)).generate(prompt, 40)
         assert res.output_ids == ar.output_ids, family
         assert res.draft_steps == 0 and res.gamma == 0.0  # a copy runs no model: no draft cost ratio
         accepted[family] = res.accepted
@@ -56,11 +56,11 @@ def test_lookup_rounds_do_not_train_the_controller():
     target, prompt = tiny_lm("llama"), random_prompt(120, seed=0)
     controller = EntropyController(candidates=(2, 4))
     drafter = SelfDrafter(StreamingKV(budget=24, k_sink=4))
-    res = SpeculativeEngine(target, drafter, controller, lookup=PromptLookup(1)).generate(prompt, 40)
+    res = SpeculativeEngine(target, drafter, controller, prompt_lookup=PromptLookup(1)).generate(prompt, 40)
     assert res.extra["lookup_rounds"] > 0 and res.extra["fallback_rounds"] > 0
     assert len(controller.chosen) == res.extra["fallback_rounds"] < len(res.rounds)
     # a copy is capped at the lookup's own k, not at the controller's largest candidate
-    capped = SpeculativeEngine(target, None, EntropyController(candidates=(2, 8)), lookup=PromptLookup(1, k=3)
+    capped = SpeculativeEngine(target, None, EntropyController(candidates=(2, 8)), prompt_lookup=PromptLookup(1, k=3)
                                ).generate(prompt, 40)
     assert capped.output_ids == res.output_ids and max(d for d, _ in capped.rounds) == 3
 

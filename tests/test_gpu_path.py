@@ -233,7 +233,7 @@ def test_a_lookup_round_copies_its_host_draft_once_and_never_reads_it_back(monke
     copies.clear()
     lookup = PromptLookup(1)
     with SyncCounter(DEVICE) as syncs:
-        res = SpeculativeEngine(target, None, FixedK(4), lookup=lookup).generate(prompt, 30, sampling, seed=1)
+        res = SpeculativeEngine(target, None, FixedK(4), prompt_lookup=lookup).generate(prompt, 30, sampling, seed=1)
     assert lookup.looked_up > 0 and res.drafted > 0
     if temperature == 0.0:
         assert res.output_ids == ar.output_ids

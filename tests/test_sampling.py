@@ -64,7 +64,7 @@ def sampled_marginals(target, make, control, prompt, steps: int, sampling: Sampl
     tests/test_batch.py): so this is also the distribution of batched sampling."""
     counts = torch.zeros(steps, target.vocab_size)
     for seeds in torch.arange(n).split(BATCH):
-        engine = SpeculativeEngine(target, make(), control(), lookup=PromptLookup(1) if lookup else None)
+        engine = SpeculativeEngine(target, make(), control(), prompt_lookup=PromptLookup(1) if lookup else None)
         for res in engine.generate_batch([prompt] * len(seeds), steps, sampling, seed=seeds.tolist()):
             for i, t in enumerate(res.output_ids):
                 counts[i, t] += 1

@@ -7,8 +7,8 @@
             the target cache (and the drafter) roll back to the kept tokens.
 
 With no drafter this is plain autoregressive decoding (k = 0 every round), so `ar` and every
-speculative method share the same prefill, forward and sampling code. With `lookup` set, prompt
-lookup drafts first each round and the drafter only where the lookup finds nothing.
+speculative method share the same prefill, forward and sampling code. With `prompt_lookup` set,
+prompt lookup drafts first each round and the drafter only where the lookup finds nothing.
 
 `generate_batch` runs the same loop for several prompts: each sequence with its own parts, cache
 and generator, the forward passes of all of them packed into one (`CausalLM.forward_many`).
@@ -113,7 +113,7 @@ class _Sequence:
     gen: torch.Generator
     drafter: Drafter | None
     controller: Controller
-    lookup: PromptLookup | None
+    prompt_lookup: PromptLookup | None
     max_new: int
     done: bool = False
 
@@ -124,7 +124,12 @@ class SpeculativeEngine:
     drafter: Drafter | None = None  # None: AR (or prompt lookup alone)
     controller: Controller = field(default_factory=FixedK)
     prefill_chunk: int = 1024
-    lookup: PromptLookup | None = None
+    prompt_lookup: PromptLookup | None = None  # the part (a Method's `lookup` is its n-gram size)
+
+    @property
+    def lookup(self) -> PromptLookup | None:
+        """`prompt_lookup` under its former name, for readers not yet renamed."""
+        return self.prompt_lookup
 
     def generate(
         self,
@@ -177,7 +182,7 @@ class SpeculativeEngine:
             positive("max_new_tokens", m, int)
         sampling = sampling or Sampling()
         self._clock = DeviceClock(self.target.device)
-        parts = [(self.drafter, self.controller, self.lookup)] + [self._parts_for_another_sequence()
+        parts = [(self.drafter, self.controller, self.prompt_lookup)] + [self._parts_for_another_sequence()
                                                                    for _ in range(n - 1)]
         seqs = [self._start(*args, sampling, progress) for args in zip(prompts, max_new, seeds, caches, parts, strict=True)]
         eos = set(eos_token_ids)
@@ -203,7 +208,7 @@ class SpeculativeEngine:
         for s in seqs:
             s.res.batch_size = n
             s.res.aggregate_tokens_per_s = total / batch_s if batch_s > 0 else float("nan")
-            for part in (s.controller, s.drafter, s.lookup):
+            for part in (s.controller, s.drafter, s.prompt_lookup):
                 if part is not None:
                     s.res.extra.update(part.report())
         return [s.res for s in seqs]
@@ -216,22 +221,22 @@ class SpeculativeEngine:
         model = getattr(self.drafter, "model", None)
         if model is not None:
             memo[id(model)] = model
-        return copy.deepcopy((self.drafter, self.controller, self.lookup), memo)
+        return copy.deepcopy((self.drafter, self.controller, self.prompt_lookup), memo)
 
     def _start(self, prompt_ids, max_new, seed, cache, parts, sampling, progress) -> _Sequence:
         """Prefill one prompt (into `cache` if given) and draw its first token."""
         if not prompt_ids:
             raise ValueError("empty prompt: nothing to condition on")
         target = self.target
-        drafter, controller, lookup = parts
+        drafter, controller, prompt_lookup = parts
         gen = torch.Generator(device=target.device).manual_seed(seed)
         if cache is None:
             cache = target.new_cache(len(prompt_ids) + max_new + 64)
         done = cache.length
         if not 0 <= done < len(prompt_ids):
             raise ValueError(f"a reused cache must hold fewer tokens ({done}) than the prompt ({len(prompt_ids)})")
-        if lookup is not None:
-            lookup.looked_up = lookup.missed = 0
+        if prompt_lookup is not None:
+            prompt_lookup.looked_up = prompt_lookup.missed = 0
         t0 = time.perf_counter()
         capture = drafter.prefill_capture() if drafter else None
         logits = target.prefill(prompt_ids[done:], cache, self.prefill_chunk, capture=capture,
@@ -241,7 +246,7 @@ class SpeculativeEngine:
         if drafter:
             drafter.start(state)
         res = GenerationResult([first], len(prompt_ids), prefill_s=time.perf_counter() - t0, wall_s=0.0)
-        return _Sequence(state, res, gen, drafter, controller, lookup, max_new)
+        return _Sequence(state, res, gen, drafter, controller, prompt_lookup, max_new)
 
     @staticmethod
     def _emit(s: _Sequence, eos: set[int], on_token: Callable[[int], None] | None) -> None:
@@ -268,8 +273,8 @@ class SpeculativeEngine:
             if remaining <= 1:  # with one token left a draft can never be used: verify-only (an AR step)
                 continue
             s.state.draft_limit = remaining - 1
-            if s.lookup is not None:
-                proposals[j] = s.lookup.propose(s.state, s.controller, sampling)
+            if s.prompt_lookup is not None:
+                proposals[j] = s.prompt_lookup.propose(s.state, s.controller, sampling)
             if proposals[j] is None and s.drafter is not None:
                 step = s.drafter.steps(s.state, min(s.controller.max_draft(), s.state.draft_limit))
                 if step is None:

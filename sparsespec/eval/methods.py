@@ -122,8 +122,8 @@ class Method:
                 raise MethodConfigError(f"method {self.name}: {_at(e, 'method.drafter', self.drafter)}") from None
         controller = FixedK() if self.controller is None else self._build("controller", Controller)
         self._check_lookup()
-        lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
-        return SpeculativeEngine(target, drafter, controller, prefill_chunk, lookup=lookup)
+        prompt_lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
+        return SpeculativeEngine(target, drafter, controller, prefill_chunk, prompt_lookup=prompt_lookup)
 
     def _check_lookup(self) -> None:
         """The method's own prompt-lookup fields (PromptLookup's ngram and k), at their keys."""
