@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from sparsespec.decoding.drafters import SelfDrafter
 from sparsespec.decoding.engine import SpeculativeEngine
 from sparsespec.eval import memory
 from sparsespec.eval.methods import Method
+from sparsespec.kv.footprint import Part, Sizing
 from sparsespec.kv.recall import RecallIndex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,13 +65,73 @@ def test_estimate_covers_a_small_drafters_own_recall_index_and_full_cache():
     growth = sum(p.nbytes for p in est.parts if p.name == "drafter KV cache growth")
     assert drafter.cache.nbytes() <= est["drafter KV cache"] + growth
     assert est["drafter compact KV cache"] > 0
+    assert est["capture to probabilities"] > 0  # the drafter's own prefill capture, seeded at drafter start
+
+
+@pytest.mark.parametrize("name,overrides", [("sd", []), ("sd_sparse", ["method.drafter.policy.budget=64"]),
+                                            ("sd", ["method.drafter.kv=int8"]),
+                                            ("sd_sparse", ["method.drafter.policy.budget=64", "method.drafter.kv=int8"])])
+def test_estimate_covers_a_model_drafters_own_cache(name, overrides):
+    """Each kind of model drafter's cache (whole; a window with eviction), in the view format, as allocated."""
+    from sparsespec.config import load_method
+
+    target, small = tiny_lm("llama", max_position_embeddings=4096), tiny_lm("llama", seed=7, layers=1)
+    prompt, new = random_prompt(1500, seed=5), 40
+    method = load_method(name, overrides)
+    engine = method.build(target, small, 256)
+    engine.generate(prompt, new)
+    est = memory.estimate_bytes(target, len(prompt) + new, [method], small, chunk=256, new_tokens=new)
+    growth = sum(p.nbytes for p in est.parts if p.name == "drafter KV cache growth")
+    assert engine.drafter.cache.nbytes() <= est["drafter KV cache"] + growth <= 2.5 * engine.drafter.cache.nbytes()
+    if name == "sd_sparse":  # the window: flat in the context
+        assert est["drafter KV cache"] < memory.kv_bytes(small, len(prompt), "int8" if overrides[1:] else "fp") / 2
+
+
+@dataclass
+class HistoryDrafter(SelfDrafter):
+    """A user's own drafter that allocates: a float32 buffer of `width` features per token of the
+    context, from drafter start on. It declares that next to its code; the guard is not edited."""
+
+    width: int = 1024
+
+    def memory(self, target, at: Sizing) -> list[Part]:
+        return [*super().memory(target, at), Part("token history", at.tokens * self.width * 4)]
+
+
+STREAMING = {"_target_": "sparsespec.kv.policies.StreamingKV", "budget": 64, "k_sink": 4}
+
+
+def test_a_users_drafter_declares_its_memory_and_the_guard_counts_and_refuses_it(monkeypatch):
+    target, tokens = tiny_lm("llama", max_position_embeddings=1 << 16), 30_000
+    plain = Method(name="plain", drafter={"_target_": "sparsespec.decoding.drafters.SelfDrafter", "policy": STREAMING})
+    mine = Method(name="mine", drafter={"_target_": f"{__name__}.HistoryDrafter", "policy": STREAMING})
+    base = memory.estimate_bytes(target, tokens, [plain], None, 256)
+    est = memory.estimate_bytes(target, tokens, [mine], None, 256)
+    history = tokens * 1024 * 4
+    assert est["token history"] == history and est.needed >= est["target KV cache"] + history > base.needed
+    assert "token history" in est.describe()
+    # a batch holds one per sequence
+    assert memory.estimate_bytes(target, tokens, [mine], None, 256, batch_size=3).needed >= 3 * history
+    # where the plain method fits and the user's does not, the user's run is refused, naming its part
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (base.needed + history // 2) / 0.85)
+    assert memory.check_memory(target, tokens, [plain], None, 256).needed == base.needed
+    with pytest.raises(MemoryError, match="token history"):
+        memory.check_memory(target, tokens, [plain, mine], None, 256)
+
+
+def test_a_part_written_for_the_old_memory_hook_is_refused_with_the_new_one_named():
+    from sparsespec.kv.policies import StreamingKV
+
+    for base in (SelfDrafter, StreamingKV):
+        with pytest.raises(TypeError, match=r"memory_bytes.*is now memory\("):
+            type("Old", (base,), {"memory_bytes": lambda self, layers, heads, tokens: 0})
 
 
 def test_the_parts_are_asked_for_their_memory(monkeypatch):
     """A policy's own report enters the estimate (no method names are matched)."""
     target = tiny_lm("llama")
     before = memory.estimate_bytes(target, 1000, [SPARSESPEC_L], None, 256)
-    monkeypatch.setattr(RecallIndex, "memory_bytes", lambda self, layers, heads, tokens: 7 * 2**30)
+    monkeypatch.setattr(RecallIndex, "memory", lambda self, model, at: [Part("RecallIndex", 7 * 2**30)])
     after = memory.estimate_bytes(target, 1000, [SPARSESPEC_L], None, 256)
     assert after["RecallIndex"] == 7 * 2**30 and after.needed > before.needed + 6 * 2**30
     # of two methods the larger one is reported; ar has neither the index nor a compact cache

@@ -5,8 +5,8 @@ A drafter subclasses `Drafter`; every hook does nothing by default, so the engin
 unconditionally. A drafter that runs a model gives its round as `steps` (forward inputs), so the
 engine runs the steps of every sequence in a batch together (`draft`); any other implements `propose`.
 SelfDrafter: the target drafts for itself through a KV policy over its own (exact) cache.
-ModelDrafter: a small model with its own cache, optionally computing its KV under a sparse policy
-(then holding only the sinks and the window).
+ModelDrafter (decoding/model_drafters.py): a small model with its own cache, of the kind its
+policy needs (whole, a window, or scored).
 PromptLookup (not a drafter: an option of the engine, tried before the drafter each round) copies
 what followed the latest earlier occurrence of the last n-gram.
 """
@@ -24,10 +24,10 @@ from sparsespec.decoding.controllers import Controller
 from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
-from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
-from sparsespec.kv.quantized import DraftView, QuantizedKVCache, check_kv_format, view_bytes
+from sparsespec.kv.footprint import Part, Sizing
+from sparsespec.kv.policies import FullKV, KVPolicy
+from sparsespec.kv.quantized import DraftView, check_kv_format, view_bytes
 from sparsespec.kv.quantized import format_label as kv_label
-from sparsespec.kv.quantized import new_cache as new_view_cache
 from sparsespec.models import quantized
 from sparsespec.models.device import to_device_ids
 from sparsespec.models.runner import Block, CausalLM
@@ -164,9 +164,19 @@ class Drafter:
         """Extra fields for the result row (`engine_<key>`)."""
         return {}
 
-    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
-        """Bytes allocated beyond a drafter model's own KV at a context of `tokens`."""
-        return 0
+    def memory(self, target: CausalLM, at: Sizing) -> list[Part]:
+        """What this drafter allocates in the run `at` besides the target's own cache and passes,
+        asked of a fresh drafter before the run (kv/footprint.py: the memory guard adds the parts
+        up). A drafter that allocates returns its parts, e.g. `[Part("my buffer", nbytes)]`: held
+        from drafter start on unless it says otherwise."""
+        return []
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "memory_bytes" in vars(cls):
+            raise TypeError(f"{cls.__name__}.memory_bytes(n_layers, n_kv_heads, tokens) is now "
+                            "memory(target, at) -> list[Part] (sparsespec.kv.footprint): rename it and return "
+                            "[Part(name, nbytes)]")
 
 
 def check_weight_format(weights: str, head_weights: str | None, weights_group: int,
@@ -229,6 +239,17 @@ class WeightFormatDrafter(Drafter):
         self._view_bytes[0] += view_bytes(view)
         self._view_bytes[1] += 1
 
+    def memory(self, target: CausalLM, at: Sizing) -> list[Part]:
+        return self._copy_parts(target)
+
+    def _copy_parts(self, model: CausalLM) -> list[Part]:
+        """The copy of `model`'s linear layers in the draft weight formats (none in fp), made once
+        before prefill and shared by every sequence of a batch."""
+        if self.weights == "fp" and self.head_weights in (None, "fp"):
+            return []
+        return [Part("draft weights copy", quantized.copy_bytes(model, self.weights, self.head_weights,
+                                                               self.weights_group), "prefill", per_sequence=False)]
+
     def _reads(self) -> dict:
         read, rounds = self._view_bytes
         return {"draft_weights": self._labels[0], "draft_kv": self._labels[1],
@@ -263,8 +284,10 @@ class SelfDrafter(WeightFormatDrafter):
     def report(self) -> dict:
         return {**self.policy.report(), **self._reads()}
 
-    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
-        return self.policy.memory_bytes(n_layers, n_kv_heads, tokens)
+    def memory(self, target: CausalLM, at: Sizing) -> list[Part]:
+        # the target's cache holds tokens + 64 entries (the engine's allocation)
+        return [*self._copy_parts(target), *self.policy.memory(target, at),
+                *DraftView.memory(self.kv, target, self.policy, at, at.tokens + 64)]
 
     def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
         round_, view = selected_steps(state, self.policy, kmax, self._view, self.draft_model(state.target))
@@ -291,155 +314,6 @@ def selected_steps(state: DecodeState, policy: KVPolicy, kmax: int, view: DraftV
 
     return DraftSteps(model, [state.tokens[-1]], kmax, block,
                       finish=(lambda: cache.crop(base)) if idx is None else None), cache
-
-
-@dataclass
-class ModelDrafter(WeightFormatDrafter):
-    """A separate small LM sharing the target's tokenizer, with its own cache.
-
-    A policy that scores positions (the recall index; with refresh off, a SnapKV-style static
-    view) scores the drafter's own cache from the drafter's own attention: its prefill's last
-    queries and, after each verification, the queries of the accepted tokens it catches up on (with
-    full attention). The cache then keeps every position, and each round drafts from the ones the
-    policy selects, as SelfDrafter does over the target's cache.
-
-    Under a position-only sparse policy (StreamingKV) the cache holds only what the policy can still show: the
-    sinks and the window of the next query, evicted as the window moves on (in steps of EVICT_EVERY
-    entries, so a compaction is amortised), prefill included. Its size, and a draft step's cost,
-    are then flat in the context. Entries keep their RoPE positions: the cache holds positions
-    [0, k_sink) and then one contiguous run [window, seen), and each block's mask is the policy's
-    visibility over exactly those positions, which is the mask over the whole cache restricted to
-    what is kept (tests/test_exactness.py checks the two give the same logits)."""
-
-    needs_model: ClassVar[bool] = True
-    EVICT_EVERY: ClassVar[int] = 64
-    # model and prefill_chunk come from the harness (drafter.path, runtime.prefill_chunk), not the
-    # method file: repr=False keeps them out of the generated config node
-    model: CausalLM | None = field(default=None, repr=False)
-    policy: KVPolicy = field(default_factory=FullKV)
-    prefill_chunk: int = field(default=1024, repr=False)
-    cache: KVCache | None = field(default=None, repr=False)
-    _window: int = field(default=0, repr=False)  # the first non-sink position the cache holds
-    _peak: int = field(default=0, repr=False)  # most entries per layer held at once
-    _own: DecodeState | None = field(default=None, repr=False)  # the drafter's cache, as a scored policy reads it
-    _view: DraftView | None = field(default=None, repr=False)  # a scored policy's view of that cache
-
-    @property
-    def scored(self) -> bool:
-        """Whether the policy scores positions (the cache then keeps them all)."""
-        return not self.policy.position_only
-
-    @property
-    def seen(self) -> int:
-        """Tokens the drafter has processed: the next one's position."""
-        return self.cache.length + self._window - self.policy.k_sink
-
-    @property
-    def windowed(self) -> bool:
-        """Whether the cache drops what the policy no longer shows (a sparse position-only policy)."""
-        return not (isinstance(self.policy, FullKV) or self.scored)
-
-    def held_entries(self, tokens: int) -> int:
-        """The most entries per layer the cache holds between blocks at a context of `tokens`."""
-        if not self.windowed:
-            return tokens
-        return min(tokens, tokens - self.policy.window_start(tokens) + self.policy.k_sink + self.EVICT_EVERY)
-
-    def capacity(self, prompt: int) -> int:
-        """The cache allocated at start: what is held after the prompt, room for a prefill chunk
-        while the window has not moved on yet (windowed), and for the first drafts."""
-        return self.held_entries(prompt) + (min(self.prefill_chunk, prompt) if self.windowed else 0) + 65
-
-    def start(self, state: DecodeState) -> None:
-        if self.model is None:
-            raise KVPolicyError("ModelDrafter needs its model: load one with drafter.path (evaluate.py) or "
-                                "pass model=CausalLM(...)")
-        n = state.prompt_len
-        self._window, self._peak = self.policy.k_sink, 0  # nothing evicted yet: positions [0, length) held
-        # a scored policy reads the whole cache (kept as the model computes it) and drafts from a
-        # view of it in the draft KV format; otherwise the cache is the view, held in that format
-        m = self.model
-        self.cache = new_view_cache("fp" if self.scored else self.kv, m.n_layers, m.n_kv_heads, m.head_dim, m.dtype,
-                                    m.device, self.capacity(n))
-        self._view = DraftView(self.kv)
-        self._start_reads(self.model, self.cache.dtype)
-        model = self.draft_model(self.model)  # every pass of the drafter, its own prefill included
-        if self.scored:
-            self._own = DecodeState(model, self.cache, state.tokens, n)
-            model.prefill(state.tokens[:n], self.cache, self.prefill_chunk, capture=self.policy.prefill_capture())
-            self.policy.start(self._own)
-            self._peak = self.cache.length
-            return
-        for start in range(0, n, self.prefill_chunk):
-            ids = state.tokens[start : min(start + self.prefill_chunk, n)]
-            model.forward_many([self._block(ids, logits="none")])
-            self._evict()
-
-    def _block(self, ids: torch.Tensor | list[int], logits: str = "last") -> Block:
-        n, seen, device = len(ids), self.seen, self.model.device
-        positions = torch.arange(seen, seen + n, device=device)
-        if self._window == self.policy.k_sink:
-            held = torch.arange(seen + n, device=device)
-        else:
-            held = torch.cat([torch.arange(self.policy.k_sink, device=device),
-                              torch.arange(self._window, seen + n, device=device)])
-        self._peak = max(self._peak, self.cache.length + n)
-        return Block(ids, self.cache, positions=positions, mask=self.policy.visible(positions, held), logits=logits)
-
-    def _evict(self) -> None:
-        """Drop the held positions no later query can see, once EVICT_EVERY of them have gathered."""
-        first = self.policy.window_start(self.seen)
-        drop = first - self._window
-        if drop < self.EVICT_EVERY:
-            return
-        s, end = self.policy.k_sink, self.cache.length
-        if isinstance(self.cache, QuantizedKVCache):  # its scales move with the entries
-            self.cache.shift(s, end, drop)
-        else:
-            for store in (self.cache.k, self.cache.v):
-                for t in store:
-                    t[:, s : end - drop] = t[:, s + drop : end].clone()
-        self.cache.crop(end - drop)
-        self._window = first
-
-    def steps(self, state: DecodeState, kmax: int) -> DraftSteps:
-        if self.scored:
-            round_, view = selected_steps(self._own, self.policy, kmax, self._view)
-            round_.vocab = state.target.vocab_size
-            self._count_read(view)
-            return round_
-        self._count_read(self.cache)
-        # the first step catches up on every token the drafter has not processed (the pending one,
-        # plus the verifier's correction or the last draft when all were accepted)
-        return DraftSteps(self.draft_model(self.model), state.tokens[self.seen :], kmax, self._block,
-                          vocab=state.target.vocab_size)
-
-    def on_verified(self, state: DecodeState, n_accepted: int) -> None:
-        # state.tokens now ends with the accepted drafts and the verifier's token; keep only the
-        # drafter entries that lie on that sequence (they are the last ones, inside the window).
-        valid = len(state.tokens) - 1
-        if self.scored:  # run the new real tokens through the drafter; its policy sees their queries
-            new = state.tokens[self.cache.length : valid]
-            if new:
-                self.draft_model(self.model).forward(new, self.cache, capture=self.policy.verify_capture(),
-                                                    logits="none")
-                self.policy.update(self._own, len(new) - 1)
-            self._own.tokens = state.tokens
-            self._peak = max(self._peak, self.cache.length)
-            return
-        if self.seen > valid:
-            self.cache.crop(self.cache.length - (self.seen - valid))
-        self._evict()
-
-    def report(self) -> dict:
-        return {"drafter_kv_tokens": self._peak, **(self.policy.report() if self.scored else {}), **self._reads()}
-
-    def prepare(self, target: CausalLM) -> None:
-        if self.model is not None:
-            self.draft_model(self.model)
-
-    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
-        return self.policy.memory_bytes(n_layers, n_kv_heads, tokens) if self.scored else 0
 
 
 @dataclass
@@ -502,3 +376,13 @@ class PromptLookup:
 
     def report(self) -> dict[str, int]:
         return {"lookup_rounds": self.looked_up, "fallback_rounds": self.missed}
+
+
+def __getattr__(name: str) -> type:
+    # the model drafters live in model_drafters.py (they import this module); their names still
+    # import from here, as method files and scripts have written them
+    if name in ("ModelDrafter", "FullCacheDrafter", "WindowDrafter", "ScoredDrafter"):
+        from sparsespec.decoding import model_drafters
+
+        return getattr(model_drafters, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

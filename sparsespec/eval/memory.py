@@ -5,17 +5,14 @@ benchmark.
 The harness calls the guard after the target and any drafter model are loaded, so the weights are
 already resident: what the device reports as available no longer includes them, and the estimate
 lists them apart (`MemoryEstimate.resident`), not in what the run still needs. What a run then
-allocates is a list of parts (`Part`), each either
+allocates is a list of parts (`Part`, kv/footprint.py), each held (allocated once and kept) or
+transient (allocated and freed within one step). The guard counts the target's own: its KV cache,
+its prefill chunk, the prompt's logits and a verification step (models/footprint.py); everything
+else is what the method's parts declare (`Drafter.memory`, which asks its KV policy and its view:
+a weights copy, a drafter model's cache and passes, the recall index's ring, a compact view). A
+part that allocates declares it next to the code that allocates; the guard only adds up.
 
-- held: allocated once and kept until the run ends: the target's KV cache, a drafter model's KV
-  cache, the compact cache a sparse self-drafter gathers, and whatever a method's parts say they
-  allocate (`Drafter.memory_bytes`, which asks its KV policy: the recall index's ring); or
-- transient: allocated and freed within one step: a prefill chunk's activations and attention (the
-  path `models.attention.attend` takes on the device), the logits, the probabilities a recall index
-  recovers from its capture, a drafter model's own prefill chunk.
-
-A generation runs in three phases: the target's prefill, the start of its drafter (after prefill,
-before the first round: a recall index is seeded, a drafter model prefills its own cache) and
+A generation runs in three phases (`PHASES`): the target's prefill, the start of its drafter and
 decoding. Held parts accumulate from the phase that allocates them; within a phase steps run one
 after another, so only the largest transient counts. The peak is the largest phase, for the method
 whose peak is largest (methods run one after another and share the target's cache).
@@ -30,17 +27,23 @@ from typing import Any
 
 import torch
 
-from sparsespec.kv.quantized import entry_bytes
-from sparsespec.models.attention import SMALL_QUERY_BLOCK, flash_attn_applies, fused_kernel
-from sparsespec.models.quantized import copy_bytes
+from sparsespec.kv.footprint import PHASES, Part, Sizing, kv_bytes
+from sparsespec.models.footprint import (
+    forward_transient_bytes,
+    largest_tensor_bytes,
+    logits_bytes,
+    logits_largest,
+    mask_bytes,
+    weight_bytes,
+)
 from sparsespec.models.runner import CausalLM
 
-GiB = 1024**3
-F32 = 4  # bytes of a float32: LSEs, merged attention partials, logits and index rows are float32
+# what scripts and tests read from here
+__all__ = ["PHASES", "MemoryEstimate", "Part", "available_bytes", "check_memory", "estimate_bytes",
+           "forward_transient_bytes", "host_available_bytes", "kv_bytes", "largest_tensor_bytes", "logits_bytes",
+           "mask_bytes", "weight_bytes"]
 
-# The CPU flash kernel's per-thread blocks: a q block of up to 256 rows against a kv block of 512
-# keys, float32 scores plus the q block's accumulator (aten/native/cpu/FlashAttentionKernel.cpp).
-_CPU_FLASH_Q_BLOCK, _CPU_FLASH_KV_BLOCK = 256, 512
+GiB = 1024**3
 _MMAP_THRESHOLD_MAX = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
@@ -75,139 +78,6 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
     return host_available_bytes()
 
 
-def kv_bytes(model: CausalLM, tokens: int, fmt: str = "fp") -> int:
-    """A KV cache of `tokens` entries for `model` (keys and values, every layer), in the model's
-    dtype, or in a draft KV format `fmt` (bf16, int8 with its scales: kv/quantized.py)."""
-    if fmt == "fp":
-        elem = model.lm_head.weight.element_size()
-        return 2 * model.n_layers * model.n_kv_heads * model.head_dim * elem * tokens
-    return entry_bytes(fmt, model.n_layers, model.n_kv_heads, model.head_dim, model.dtype) * tokens
-
-
-def weight_bytes(model: CausalLM) -> int:
-    """The model's parameters and buffers (tied weights once)."""
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.hf.parameters(), *model.hf.buffers()]:
-        if t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
-
-
-def _intermediate(model: CausalLM) -> int:
-    mlp = model.layers[0].mlp
-    proj = getattr(mlp, "up_proj", None) or getattr(mlp, "gate_proj", None)
-    if proj is not None:
-        return int(proj.out_features)
-    return int(getattr(model.config, "intermediate_size", 4 * model.config.hidden_size))
-
-
-PHASES = ("prefill", "drafter start", "decode")
-
-
-def _stream_bytes(model: CausalLM, n: int) -> int:
-    """The residual stream x and norm(x), [n, hidden] each."""
-    return 2 * n * model.config.hidden_size * model.lm_head.weight.element_size()
-
-
-def mask_bytes(n: int, total: int) -> int:
-    """Building a chunk's [n, total] bool visibility mask (KVPolicy.mask): the comparison, the
-    window test and their union exist at once, while the previous chunk's mask is still held."""
-    return 4 * n * total
-
-
-def forward_transient_bytes(model: CausalLM, n: int, total: int, masked: bool = False,
-                            threads: int | None = None) -> int:
-    """Bytes a forward of `n` queries over `total` keys allocates and frees again (runner.forward with
-    models.attention.attend), at its largest point: the attention step or the MLP step of one layer,
-    whichever is larger. Derived from the code, term by term:
-
-    - both steps: the residual stream x and its norm, [n, hidden] each;
-    - attention: the fused qkv projection [n, (Hq + 2 Hkv) D] and the rotated q, k
-      [(Hq + Hkv), n, D]; then, on the fused path (no mask: `fused_kernel` on the CPU and CUDA),
-      `_attend_split` for a prefill chunk: the chunk's own causal block (its keys and values repeated
-      to Hq heads, 2 Hq n D, while its output Hq n D exists), the prefix's output (Hq n D), both
-      concatenated (2 Hq n D) and merged by LSE in float32 (a float32 copy when the dtype is not,
-      the weighted partials 2 Hq n D and their sum Hq n D); no [n, total] tensor. With flash-attn
-      in fp16/bf16 on CUDA one call returns Hq n D. The CPU flash kernel adds per-thread blocks.
-      With a mask (a drafter model under a sparse position-only policy, or a device without a fused
-      kernel): the [n, total] bool mask, held through the forward, and for a prefill chunk SDPA,
-      which converts it to an additive [n, total] mask in the model dtype; for a few queries the
-      reference path's float32 scores [Hq, n, total] (scaled, masked, softmaxed: three at once);
-    - MLP: gate and up in one [n, 2 I] product, act(gate) [n, I] and act(gate) * up [n, I].
-    """
-    e = model.lm_head.weight.element_size()
-    hq, hkv, d = model.n_heads, model.n_kv_heads, model.head_dim
-    cuda = model.device.type == "cuda"
-    stream = _stream_bytes(model, n)
-    mlp = stream + 4 * n * _intermediate(model) * e
-    proj = n * (hq + 2 * hkv) * d * e + n * (hq + hkv) * d * e  # qkv, rotated q and k
-    # CUDA always has a fused kernel (flash or memory-efficient); the CPU one where torch has it
-    fused = cuda or (model.device.type == "cpu" and fused_kernel(torch.empty(1, 1, d, dtype=model.dtype)) is not None)
-    rows = hq * n * d
-    if masked or not fused:
-        if n > SMALL_QUERY_BLOCK:
-            scores = n * total * e + rows * e  # SDPA: the mask in the model dtype, the output
-        else:
-            scores = 3 * hq * n * total * F32 + rows * e
-        return max(stream + proj + n * total + scores, mlp + n * total)
-    if flash_attn_applies(model.device, model.dtype):
-        attn = stream + proj + rows * e + hq * n * F32
-    else:
-        if n > SMALL_QUERY_BLOCK:
-            block = 2 * rows * e + rows * e  # repeated k, v of the chunk and the block's output
-        else:  # a few queries: their scores over the block, [Hkv, G n, block] float32
-            block = rows * e + hq * n * (n + SMALL_QUERY_BLOCK) * F32
-        upcast = 2 * rows * F32 if e != F32 else 0
-        merge = rows * e + 2 * rows * e + upcast + 2 * rows * F32 + rows * F32
-        attn = stream + proj + max(block, merge)
-        if not cuda:
-            t = threads if threads is not None else torch.get_num_threads()
-            q_block = min(_CPU_FLASH_Q_BLOCK, n * (hq // hkv))
-            attn += t * (q_block * (_CPU_FLASH_KV_BLOCK + d + 2)) * F32
-    return max(attn, mlp)
-
-
-def largest_tensor_bytes(model: CausalLM, n: int, total: int, masked: bool = False) -> int:
-    """The largest single tensor of such a forward: the MLP's gate-and-up product [n, 2 I], or with a
-    mask the [n, total] mask SDPA converts to the model dtype (reference path: [Hq, n, total] fp32)."""
-    e = model.lm_head.weight.element_size()
-    big = n * 2 * _intermediate(model) * e
-    if masked:
-        big = max(big, n * total * e if n > SMALL_QUERY_BLOCK else model.n_heads * n * total * F32)
-    return big
-
-
-def _logits_largest(model: CausalLM, rows: int) -> int:
-    if model.device.type != "cuda" and model.dtype != torch.float32:
-        return model.lm_head.weight.numel() * F32
-    return rows * model.vocab_size * F32
-
-
-def logits_bytes(model: CausalLM, rows: int) -> int:
-    """float32 logits [rows, V] and their probabilities; on the CPU a model in bf16/fp16 upcasts the
-    lm_head weight for them (runner._logits: the CPU has no bf16 x bf16 -> fp32 matmul)."""
-    out = 2 * rows * model.vocab_size * F32
-    if model.device.type != "cuda" and model.dtype != torch.float32:
-        out += model.lm_head.weight.numel() * F32
-    return out
-
-
-@dataclass(frozen=True)
-class Part:
-    """Bytes one part of a run allocates: from `phase` on until the run ends (held), or within one
-    step of that phase (transient)."""
-
-    name: str
-    nbytes: int
-    phase: str  # one of PHASES
-    held: bool
-    largest: int = 0  # a transient's largest single tensor (for the host allocator's slack)
-    per_sequence: bool = True  # a batch of B sequences holds B of it (a decode step's transient: B times the rows)
-
-
 @dataclass
 class MemoryEstimate:
     """What a run allocates, by part. `resident`: already allocated when the guard runs (the loaded
@@ -228,8 +98,7 @@ class MemoryEstimate:
 
     def phase_bytes(self, phase: str) -> tuple[list[Part], Part | None]:
         """(held parts alive in `phase`, its largest transient)."""
-        upto = PHASES[: PHASES.index(phase) + 1]
-        held = [p for p in self.parts if p.held and p.phase in upto]
+        held = [p for p in self.parts if p.alive(phase)]
         transient = [p for p in self.parts if not p.held and p.phase == phase]
         return held, max(transient, key=lambda p: p.nbytes, default=None)
 
@@ -276,91 +145,18 @@ class MemoryEstimate:
 
 def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None, tokens: int,
                   chunk: int, new_tokens: int | None) -> list[Part]:
-    """The parts one method allocates besides the target's cache, asked of the parts it builds."""
-    engine = method.build(None)  # its parts, without a model: nothing is allocated
+    """The target's transients under one method, and the parts the method's drafter declares."""
+    engine = method.build(None, drafter_model, chunk)  # its parts, without the target: nothing is allocated
     drafter = engine.drafter
     kmax = engine.controller.max_draft() if drafter is not None or engine.lookup is not None else 0
     n = min(chunk, tokens)
     parts = [Part("prefill chunk", forward_transient_bytes(target, n, tokens), "prefill", False,
                   largest_tensor_bytes(target, n, tokens)),
-             Part("prompt logits", logits_bytes(target, 1), "prefill", False, _logits_largest(target, 1)),
+             Part("prompt logits", logits_bytes(target, 1), "prefill", False, logits_largest(target, 1)),
              Part("decode step", forward_transient_bytes(target, kmax + 1, tokens) + logits_bytes(target, kmax + 1),
-                  "decode", False, _logits_largest(target, kmax + 1))]
-    if drafter is None:
-        return parts
-    if getattr(drafter, "weights", "fp") != "fp" or getattr(drafter, "head_weights", None) not in (None, "fp"):
-        # the draft's copy of the linear layers in a low-bit format, made once and shared by the batch
-        own = drafter_model if drafter.needs_model and drafter_model is not None else target
-        parts.append(Part("draft weights copy", copy_bytes(own, drafter.weights, drafter.head_weights,
-                                                           drafter.weights_group), "prefill", True, per_sequence=False))
-    policy = getattr(drafter, "policy", None)
-    kv = getattr(drafter, "kv", "fp")  # the draft view's format
-    model = drafter_model if drafter.needs_model and drafter_model is not None else target
-    own = drafter.memory_bytes(model.n_layers, model.n_kv_heads, tokens)
-    if own:  # a part's own state, allocated when the engine starts it
-        parts.append(Part(type(policy).__name__ if policy is not None else type(drafter).__name__, own,
-                          "drafter start", True))
-    if drafter.needs_model:
-        if drafter_model is not None:
-            # its cache: what the policy still shows after the prompt (all of it under a full view),
-            # room for a prefill chunk and the first drafts; it doubles once if the output outgrows that
-            prompt = tokens - (new_tokens or 0)
-            capacity = drafter.capacity(prompt) if hasattr(drafter, "capacity") else prompt + 65
-            held = drafter.held_entries(tokens) if hasattr(drafter, "held_entries") else tokens
-            scored = policy is not None and not policy.position_only
-            own_kv = "fp" if scored else kv  # a scored policy's cache stays as computed; else it is the view
-            if new_tokens is None or held + kmax + 1 > capacity:
-                parts.append(Part("drafter KV cache growth", kv_bytes(drafter_model, capacity, own_kv), "decode",
-                                  True))
-            masked = policy is not None and policy.position_only and policy.mask(0, 1, 1, "cpu") is not None
-            m = min(chunk, prompt)
-            keys = min(prompt, capacity)  # the keys a prefill chunk attends to
-            prefill = forward_transient_bytes(drafter_model, m, keys, masked=masked)
-            parts += [Part("drafter KV cache", kv_bytes(drafter_model, capacity, own_kv), "drafter start", True),
-                      Part("drafter prefill chunk", max(prefill, mask_bytes(m, keys) if masked else 0),
-                           "drafter start", False, largest_tensor_bytes(drafter_model, m, keys, masked)),
-                      Part("decode step (drafter)", forward_transient_bytes(drafter_model, kmax + 1, held, masked)
-                           + logits_bytes(drafter_model, 1), "decode", False)]
-            if scored and not policy.covers(tokens):
-                # a scoring policy drafts from a compact copy of the entries it selects
-                parts.append(Part("drafter compact KV cache",
-                                  kv_bytes(drafter_model, policy.budget_for(tokens) + kmax + 1 + 64, kv), "decode",
-                                  True))
-            if scored and kv != "fp" and policy.covers(prompt + 1):
-                # while the policy keeps every entry, the view is a copy of the whole cache in the format
-                parts.append(Part("drafter KV copy", kv_bytes(drafter_model, capacity + kmax + 1, kv), "decode", True))
-    elif policy is not None:
-        prompt = tokens - (new_tokens or 0)
-        if not policy.covers(tokens):
-            # self-speculation through a sparse view: a compact copy of the kept entries (in the draft
-            # KV format), gathered with room for a draft and 64 entries of slack; when the budget
-            # outgrows it, the next copy is allocated while the old one still exists
-            compact = kv_bytes(target, policy.budget_for(tokens) + kmax + 1 + 64, kv)
-            parts.append(Part("compact KV cache", compact, "decode", True))
-            if new_tokens is None or policy.budget_for(tokens) - policy.budget_for(prompt + 1) > 64:
-                parts.append(Part("compact cache regrowth", compact, "decode", False,
-                                  compact // (2 * target.n_layers)))
-        if kv != "fp" and policy.covers(prompt + 1):
-            # a full view in a draft KV format: a copy of the whole target cache in that format (its
-            # capacity: the target cache's), kept in step with it
-            parts.append(Part("draft KV copy", kv_bytes(target, tokens + 64, kv), "decode", True))
-    capture = drafter.prefill_capture()
-    if capture is not None:
-        # The last prompt chunk's queries and LSEs are kept for every layer until the drafter reads
-        # them (a view keeps its chunk's whole rotated q/k tensor alive); then, layer by layer,
-        # turned into probabilities over the keys (kv.capture.attention_mass): q k^T for c queries,
-        # [Hq, c, T] float32 (plus the product in the model dtype when that is not float32), their
-        # sum per KV group [Hkv, c, T], while the previous layer's sum and the rows it replaces in
-        # the index (both [c, Hkv, T]) still exist.
-        e = target.lm_head.weight.element_size()
-        c = min(capture.last, n)
-        kept = target.n_layers * ((target.n_heads + target.n_kv_heads) * n * target.head_dim * e
-                                  + target.n_heads * n * F32)
-        scores = (target.n_heads * c * tokens * (F32 + (e if e != F32 else 0))
-                  + 3 * target.n_kv_heads * c * tokens * F32)
-        parts[0] = Part("prefill chunk", kept + parts[0].nbytes, "prefill", False, parts[0].largest)
-        parts.append(Part("capture to probabilities", kept + scores, "drafter start", False,
-                          target.n_heads * c * tokens * F32))
+                  "decode", False, logits_largest(target, kmax + 1))]
+    if drafter is not None:
+        parts += drafter.memory(target, Sizing(tokens, new_tokens, chunk, kmax))
     return parts
 
 
@@ -368,8 +164,8 @@ def estimate_bytes(target: CausalLM, tokens: int, methods: list[Any], drafter: C
                    new_tokens: int | None = None, weights_loaded: bool = True, batch_size: int = 1) -> MemoryEstimate:
     """What a run of `methods` allocates on the target's device at a context of `tokens` (prompt +
     new tokens; `new_tokens` of them generated), prefilled in chunks of `chunk` tokens, by part.
-    Each method's parts are asked for their own memory (`Drafter.memory_bytes`, its policy's budget
-    and mask, its prefill capture); the method with the largest peak is the one reported."""
+    Each method's drafter is asked for its own memory (`Drafter.memory`); the method with the
+    largest peak is the one reported."""
     target_kv = Part("target KV cache", kv_bytes(target, tokens + 64), "prefill", True)
     resident = {"target weights": weight_bytes(target)}
     if drafter is not None:

@@ -31,6 +31,7 @@ import torch
 
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
+from sparsespec.kv.footprint import Part, Shape, Sizing, capture_parts
 
 
 class PolicyState(Protocol):
@@ -94,9 +95,20 @@ class KVPolicy:
         """Extra fields for the result row (`engine_<key>`)."""
         return {}
 
-    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
-        """Bytes this policy allocates at a context of `tokens` (the memory guard adds them up)."""
-        return 0
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "memory_bytes" in vars(cls):
+            raise TypeError(f"{cls.__name__}.memory_bytes(n_layers, n_kv_heads, tokens) is now "
+                            "memory(model, at) -> list[Part] (sparsespec.kv.footprint): rename it and return "
+                            "[Part(name, nbytes)]")
+
+    def memory(self, model: Shape, at: Sizing) -> list[Part]:
+        """What this policy allocates over `model`'s cache in the run `at` (the memory guard adds it
+        up; kv/footprint.py), asked of a fresh policy before the run. The base answers for the
+        prefill capture the policy asks for, if any; a policy that keeps state of its own adds its
+        parts to these."""
+        capture = self.prefill_capture()
+        return [] if capture is None else capture_parts(model, capture, at)
 
     # -- shared mechanism ---------------------------------------------------------------------
     @property

@@ -27,10 +27,14 @@ int8 ones as `Int8Rows` (values and scales), which the CPU attention kernel read
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sparsespec.kv.cache import KVCache, gather_rows
+
+if TYPE_CHECKING:
+    from sparsespec.kv.footprint import Part, Sizing
 
 KV_FORMATS = ("fp", "bf16", "int8")
 INT8_MAX = 127.0
@@ -185,6 +189,27 @@ class DraftView:
         self.compact: KVCache | None = None  # a sparse view's gathered entries
         self.copy: QuantizedKVCache | None = None  # a full view's copy (quantized formats only)
         self.synced = 0  # entries of the source `copy` holds
+
+    @staticmethod
+    def memory(fmt: str, model: Any, policy: Any, at: Sizing, source_capacity: int, prefix: str = "") -> list[Part]:
+        """What a drafter's view in the format `fmt` allocates over `model`'s cache (allocated with
+        `source_capacity` entries) under `policy`: a sparse view's compact cache, gathered with
+        room for a draft and 64 entries of slack; when the budget outgrows it, the next one is
+        allocated while the old one still exists. A full view in a quantized format: a copy of
+        the whole cache. `prefix` names a drafter model's own ("drafter ")."""
+        from sparsespec.kv.footprint import Part, kv_bytes
+
+        parts = []
+        if not policy.covers(at.tokens):
+            compact = kv_bytes(model, policy.budget_for(at.tokens) + at.kmax + 1 + 64, fmt)
+            parts.append(Part(f"{prefix}compact KV cache", compact, "decode"))
+            if at.new_tokens is None or policy.budget_for(at.tokens) - policy.budget_for(at.prompt + 1) > 64:
+                parts.append(Part(f"{prefix}compact cache regrowth", compact, "decode", False,
+                                  compact // (2 * model.n_layers)))
+        if fmt != "fp" and policy.covers(at.prompt + 1):
+            parts.append(Part("drafter KV copy" if prefix else "draft KV copy", kv_bytes(model, source_capacity, fmt),
+                              "decode"))
+        return parts
 
     def gathered(self, cache: KVCache, index: torch.Tensor, extra: int) -> KVCache:
         """The entries at `index` ([n_layers, n_kv_heads, budget]) with room for `extra` drafts."""

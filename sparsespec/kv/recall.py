@@ -29,6 +29,7 @@ import torch
 
 from sparsespec.clock import DeviceClock
 from sparsespec.kv.capture import Capture, attention_mass
+from sparsespec.kv.footprint import F32, Part, Shape, Sizing
 from sparsespec.kv.policies import KVPolicy, KVPolicyError, PolicyState
 
 ALL_QUERIES = 1 << 30
@@ -152,8 +153,10 @@ class RecallIndex(KVPolicy):
             raise RuntimeError("RecallIndex has no attention statistics: run prefill with its capture")
         return self._sum[..., : state.cache.length]
 
-    def memory_bytes(self, n_layers: int, n_kv_heads: int, tokens: int) -> int:
-        return n_layers * (self.window + 1) * n_kv_heads * (tokens + 1024) * 4  # the ring and its sum, fp32
+    def memory(self, model: Shape, at: Sizing) -> list[Part]:
+        # the ring and its sum (_grow: float32, the keys plus 1024 of room), from the seeding on
+        ring = model.n_layers * (self.window + 1) * model.n_kv_heads * (at.tokens + 1024) * F32
+        return [*super().memory(model, at), Part(type(self).__name__, ring)]
 
     def _read_spans(self) -> None:
         for what, clock, t0, t1 in self._spans:
