@@ -68,3 +68,25 @@ def test_a_saved_report_renders_without_measuring(tmp_path, capsys):
 def test_the_docs_command_checks_the_committed_docs(capsys):
     assert driver.main(["docs", "--check"]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def test_a_checkpoint_resumes_whole_parts_with_the_same_settings_only(tmp_path):
+    from sparsespec.experiments.common.checkpoint import Checkpoint
+
+    out = str(tmp_path / "r.json")
+    first = Checkpoint.open(out, {"ctx": (4096,), "k": 2}, resume=False)
+    first.add([{"ctx": 4096, "sample": "a", "method": "ar", "x": 1}, {"ctx": 4096, "sample": "a", "method": "m"}])
+    first.add([{"ctx": 4096, "sample": "b", "method": "ar"}])  # b: m never finished
+    partial = tmp_path / "r.partial.jsonl"
+    partial.write_text(partial.read_text() + '[{"ctx": 4096, "sample": "c", "me')  # a write cut short
+    again = Checkpoint.open(out, {"ctx": [4096], "k": 2}, resume=True)
+    assert [r["method"] for r in again.rows(4096, "a", ["ar", "m"])] == ["ar", "m"]
+    assert again.rows(4096, "b", ["ar", "m"]) == [] and again.rows(4096, "c", ["ar"]) == []
+    again.add([{"ctx": 4096, "sample": "b", "method": "ar"}, {"ctx": 4096, "sample": "b", "method": "m"}])
+    assert len(Checkpoint.open(out, {"ctx": [4096], "k": 2}, resume=True).rows(4096, "b", ["ar", "m"])) == 2
+    with pytest.raises(ExperimentError, match="other settings"):
+        Checkpoint.open(out, {"ctx": [4096], "k": 3}, resume=True)
+    with pytest.raises(ExperimentError, match="--resume needs --out"):
+        Checkpoint.open(None, {}, resume=True)
+    Checkpoint.open(out, {"k": 3}, resume=False).close()  # without --resume: started afresh, then done
+    assert not partial.exists()

@@ -103,6 +103,8 @@ def run(name: str, argv: list[str]) -> dict:
     module = experiments.study(name)
     args = parser(name, module).parse_args(argv)
     if args.render:
+        if not hasattr(module, "markdown"):
+            raise ExperimentError(f"{name} renders only the doc sections named {name}.PART; it has no markdown")
         if not Path(args.render).is_file():
             raise ExperimentError(f"--render: {args.render} is not a file (a report saved by --out)")
         report = json.loads(Path(args.render).read_text(encoding="utf-8"))
