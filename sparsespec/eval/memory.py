@@ -148,7 +148,7 @@ def _method_parts(method: Any, target: CausalLM, drafter_model: CausalLM | None,
     """The target's transients under one method, and the parts the method's drafter declares."""
     engine = method.build(None, drafter_model, chunk)  # its parts, without the target: nothing is allocated
     drafter = engine.drafter
-    kmax = engine.controller.max_draft() if drafter is not None or engine.lookup is not None else 0
+    kmax = engine.controller.max_draft() if drafter is not None or engine.prompt_lookup is not None else 0
     n = min(chunk, tokens)
     parts = [Part("prefill chunk", forward_transient_bytes(target, n, tokens), "prefill", False,
                   largest_tensor_bytes(target, n, tokens)),
