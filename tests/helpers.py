@@ -213,9 +213,11 @@ def run_inproc(env: dict, out: Path, *extra: str, methods: tuple[str, ...] | Non
     """evaluate.py's work without the process: compose, one config per listed method, run."""
     from hydra import compose, initialize_config_dir
 
+    from sparsespec.config import register_configs
     from sparsespec.eval.harness import run_evaluation
     from sparsespec.eval.results import read_rows
 
+    register_configs()  # the schemas the dataset and method files extend, as evaluate.py registers them
     ovr = base_overrides(env, out, *extra)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("evaluate", overrides=ovr)
