@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -154,22 +155,26 @@ inline void prefetch_row(const float* p, int64_t d) {
 // and wherever the key sits in its block (a last group of fewer than W keys is padded with zeros):
 // a row's attention does not depend on the rows computed with it, so a verification block's rows
 // equal, bit for bit, one-token steps' (rows in the vector lanes, one FMA per dimension and key,
-// would cost fewer operations from about W / 2 rows, but sum each score in another order).
-// On the first group the next W keys are prefetched, and (`ahead`) these keys' values.
+// would cost fewer operations from about W / 2 rows, but sum each score in another order; keys
+// across the lanes, transposed once for all rows, keep each row's order but were measured no
+// faster for a verification block and slower for one new token: the transposes cost more than a
+// few rows' trees). While the first row is scored the next W keys are prefetched, and (`ahead`)
+// these keys' values, one cache line of each key per chunk rather than all lines at once: a burst
+// of requests fills the queue of misses and stalls the loads behind it.
 template <int C>
 __attribute__((always_inline)) inline void scores_group(const float* q, int64_t rows, const float* k, int64_t ks, float* s, const float* ahead,
                          int64_t as, bool prefetch) {
   constexpr int64_t d = C * W;
-  if (prefetch) {
-    for (int jj = 0; jj < W; ++jj) {
-      prefetch_row(k + (W + jj) * ks, d);
-      if (ahead != nullptr) prefetch_row(ahead + jj * as, d);
-    }
-  }
   for (int64_t r = 0; r < rows; ++r) {
     const float* qr = q + r * d;
     vf acc[W] = {};
     for (int c = 0; c < C; ++c) {
+      if (prefetch && r == 0 && (W * c) % 16 == 0) {  // a line of each key at a time, not all at once
+        for (int jj = 0; jj < W; ++jj) {
+          __builtin_prefetch(k + (W + jj) * ks + W * c, 0, 2);
+          if (ahead != nullptr) __builtin_prefetch(ahead + jj * as + W * c, 0, 2);
+        }
+      }
       const vf qc = load(qr + W * c);
       for (int jj = 0; jj < W; ++jj) acc[jj] += qc * load(k + jj * ks + W * c);
     }
@@ -209,7 +214,10 @@ inline void scaled_queries(const float* q, int64_t heads, int64_t rows, int64_t 
 // CB chunks of the head stay in registers (T * CB accumulators, at most about three quarters of
 // the register file, the rest for the broadcast weights and the value being read) while the
 // values stream past, one pass over the keys per CB chunks. `ahead` (may be null): `ahead_rows`
-// rows of stride `as` to prefetch during the first pass (the next block's keys).
+// rows of stride `as` to prefetch into L2 during the first pass (the next block's keys). The first
+// tile of rows (`lead`) also fetches the values kValuesAhead keys ahead into L1: the values were
+// fetched into L2 while the scores were computed, and without it each new row of values stalls
+// the FMAs on L2's latency.
 constexpr int kAccumulators = kRegisters * 3 / 4;
 
 // Chunks of the head a tile accumulates: as many as the accumulators allow (a power of two, as C
@@ -226,9 +234,11 @@ constexpr int chunks_per_pass() {
 template <int C>
 constexpr int rows_per_tile() { return std::max(1, kAccumulators / chunks_per_pass<C>()); }
 
+constexpr int64_t kValuesAhead = 8;  // keys
+
 template <int C, int T>
 inline void values_tile(const float* p, const float* v, int64_t vs, int64_t width, float* o, bool first,
-                        const float* ahead, int64_t as, int64_t ahead_rows) {
+                        const float* ahead, int64_t as, int64_t ahead_rows, bool lead) {
   constexpr int CB = chunks_per_pass<C>();
   static_assert(C % CB == 0, "the head's chunks split into whole passes");
   for (int c0 = 0; c0 < C; c0 += CB) {
@@ -237,6 +247,8 @@ inline void values_tile(const float* p, const float* v, int64_t vs, int64_t widt
       for (int c = 0; c < CB; ++c) acc[t][c] = first ? vf{} : load(o + t * C * W + W * (c0 + c));
     for (int64_t j = 0; j < width; ++j) {
       if (c0 == 0 && j < ahead_rows) prefetch_row(ahead + j * as, C * W);
+      if (c0 == 0 && lead)  // the first tile's values a few keys ahead into L1 (the later tiles find them there)
+        for (int i = 0; i < C * W; i += 16) __builtin_prefetch(v + (j + kValuesAhead) * vs + i, 0, 3);
       const float* vj = v + j * vs + W * c0;
       for (int c = 0; c < CB; ++c) {
         const vf x = load(vj + W * c);
@@ -251,16 +263,16 @@ inline void values_tile(const float* p, const float* v, int64_t vs, int64_t widt
 // values_tile over `rows` rows: whole tiles of rows_per_tile, then one tile of the rest.
 template <int C, int T = rows_per_tile<C>()>
 void values_rows(const float* p, int64_t rows, const float* v, int64_t vs, int64_t width, float* o, bool first,
-                 const float* ahead, int64_t as, int64_t ahead_rows) {
+                 const float* ahead, int64_t as, int64_t ahead_rows, bool lead = true) {
   constexpr int64_t d = C * W;
   int64_t r0 = 0;
   for (; r0 + T <= rows; r0 += T) {
-    values_tile<C, T>(p + r0 * kBlock, v, vs, width, o + r0 * d, first, ahead, as, r0 == 0 ? ahead_rows : 0);
+    values_tile<C, T>(p + r0 * kBlock, v, vs, width, o + r0 * d, first, ahead, as, r0 == 0 ? ahead_rows : 0, lead && r0 == 0);
   }
   if constexpr (T > 1) {
     if (r0 < rows) {
       values_rows<C, T - 1>(p + r0 * kBlock, rows - r0, v, vs, width, o + r0 * d, first, ahead, as,
-                            r0 == 0 ? ahead_rows : 0);
+                            r0 == 0 ? ahead_rows : 0, lead && r0 == 0);
     }
   }
 }
@@ -327,13 +339,15 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const float* vsp = v_scale.defined() ? v_scale.data_ptr<float>() : nullptr;
   const int64_t ksh = k_scale.defined() ? k_scale.stride(0) : 0, vsh = v_scale.defined() ? v_scale.stride(0) : 0;
   // per (head, block): each row's max and sum, and its weighted values
-  std::vector<float> part_m(heads * blocks * rows), part_l(heads * blocks * rows);
-  std::vector<float> part_o(heads * blocks * rows * d);
+  // (uninitialized: every entry is written before it is read)
+  std::unique_ptr<float[]> part_m(new float[heads * blocks * rows]), part_l(new float[heads * blocks * rows]);
+  std::unique_ptr<float[]> part_o(new float[heads * blocks * rows * d]);
   std::vector<float> qs;
   scaled_queries(q.data_ptr<float>(), heads, rows, d, static_cast<float>(scale), qs);
 
   at::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(rows * kBlock, 0.0f), scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
+    std::unique_ptr<float[]> s(new float[rows * kBlock]);  // each block's scores are written before they are read
+    std::vector<float> scratch(std::is_same_v<T, float> ? 0 : kBlock * d);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t j0 = b * kBlock, width = std::min(total, j0 + kBlock) - j0;
@@ -341,17 +355,17 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       const float* kb = as_float(kp + h * kh + j0 * kt, kt, width, d, scratch.data(), stride,
                                  ksp != nullptr ? ksp + h * ksh + j0 : nullptr);
       constexpr bool direct = std::is_same_v<T, float>;  // prefetch what the next phase reads
-      scores<C>(qs.data() + h * rows * d, rows, kb, stride, width, s.data(),
+      scores<C>(qs.data() + h * rows * d, rows, kb, stride, width, s.get(),
                 direct ? reinterpret_cast<const float*>(vp + h * vh + j0 * vt) : nullptr, vt);
       for (int64_t r = 0; r < rows; ++r) {
-        const auto [mx, sum] = softmax_block(s.data() + r * kBlock, width, row_end(r, n, total) - j0);
+        const auto [mx, sum] = softmax_block(s.get() + r * kBlock, width, row_end(r, n, total) - j0);
         part_m[task * rows + r] = mx;
         part_l[task * rows + r] = sum;
       }
       const float* vb = as_float(vp + h * vh + j0 * vt, vt, width, d, scratch.data(), stride,
                                  vsp != nullptr ? vsp + h * vsh + j0 : nullptr);
       const int64_t next = task + 1 < end && (task + 1) % blocks != 0 ? std::min(kBlock, total - j0 - width) : 0;
-      weighted_values<C>(s.data(), rows, vb, stride, width, part_o.data() + task * rows * d,
+      weighted_values<C>(s.get(), rows, vb, stride, width, part_o.get() + task * rows * d,
                          direct ? reinterpret_cast<const float*>(kp + h * kh + (j0 + width) * kt) : nullptr, kt,
                          direct ? next : 0);
     }
@@ -371,7 +385,7 @@ void attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         if (part_l[at] == 0.0f) continue;  // a block this row sees none of
         const float w = std::exp(part_m[at] - top);
         sum += w * part_l[at];
-        const float* src = part_o.data() + ((h * blocks + b) * rows + r) * d;
+        const float* src = part_o.get() + ((h * blocks + b) * rows + r) * d;
         for (int c = 0; c < C; ++c) acc[c] += w * load(src + W * c);
       }
       for (int c = 0; c < C; ++c) store(op + hr * d + W * c, acc[c] / sum);
