@@ -124,7 +124,7 @@ def test_the_split_comes_from_a_slurm_array_when_shard_is_null(env, tmp_path, mo
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
     out = tmp_path / "array"
-    with caplog.at_level(logging.INFO, logger="sparsespec.eval.harness"):
+    with caplog.at_level(logging.INFO, logger="sparsespec.eval.settings"):
         run_inproc(env, out, *EXTRA)
     assert [f.name for f in results_files(out)] == ["results.shard-1-of-2.jsonl"]
     assert sorted(pairs(_rows(out))) == [("text/doc1", "ar"), ("text/doc1", "magicdec")]
