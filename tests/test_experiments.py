@@ -90,3 +90,30 @@ def test_a_checkpoint_resumes_whole_parts_with_the_same_settings_only(tmp_path):
         Checkpoint.open(None, {}, resume=True)
     Checkpoint.open(out, {"k": 3}, resume=False).close()  # without --resume: started afresh, then done
     assert not partial.exists()
+
+
+def test_every_command_a_footer_shows_is_one_the_driver_takes_today():
+    """Results files keep the command that made them, some from scripts the driver replaced; the docs
+    show each as today's command, and that command parses (the study exists, every option is one
+    it takes), so a reader can run what a table says made it."""
+    import shlex
+    from pathlib import Path
+
+    from sparsespec.experiments.common.commands import ENTRY, current_command
+
+    root = Path(__file__).resolve().parents[1]
+    reports = [json.loads(p.read_text()) for p in root.glob("results/**/*.json")]
+    recorded = [r.get("command") for r in reports if isinstance(r, dict)]
+    shown = [current_command(c) for c in recorded if isinstance(c, str)]
+    assert any(c.startswith(ENTRY) for c in shown)
+    for command in shown:
+        assert "scripts/" not in command, command
+        if not command.startswith(ENTRY):
+            continue
+        name, *args = shlex.split(command)[len(shlex.split(ENTRY)):]
+        if name in ("docs", "report"):
+            continue
+        driver.parser(name, experiments.study(name)).parse_args(args)  # SystemExit on an unknown option
+    assert current_command("python scripts/microbench.py --skinny --json a.json") == \
+        f"{ENTRY} skinny --out a.json"
+    assert current_command("python evaluate.py method=ar") == "python evaluate.py method=ar"

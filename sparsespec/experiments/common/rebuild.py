@@ -42,6 +42,7 @@ from sparsespec.config import parse_ctx
 from sparsespec.eval.summary import load_results
 from sparsespec.experiments import ExperimentError, names, study
 from sparsespec.experiments.common import quoted
+from sparsespec.experiments.common.commands import current_command
 from sparsespec.provenance import provenance_text
 
 PROVENANCE_FILE = "provenance.json"  # an evaluate.py run's provenance: one per process that wrote rows
@@ -133,7 +134,7 @@ def render_section(spec: str, doc: Path, root: Path, write_plots: bool) -> str:
         if "ctx" in options:
             options["ctx"] = parse_ctx(options["ctx"])
         body = fn(one_report(sources), **options)
-    commands = list(dict.fromkeys(c for s in sources for c in s["commands"]))
+    commands = list(dict.fromkeys(current_command(c) for s in sources for c in s["commands"]))
     files = ", ".join(f"[`{s['label']}`]({_rel(root / s['label'], doc)})" for s in sources)
     made = "; ".join(f"`{c}`" for c in commands) or "not recorded"
     footer = f"<sub>Made by {made}. Data: {files}.</sub>\n"
