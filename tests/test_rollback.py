@@ -79,7 +79,7 @@ def test_model_drafter_cache_rolls_back(budget):
     tokens = prompt + res.output_ids
     seen, n = drafter.seen, drafter.cache.length
     fresh = small.new_cache()
-    small.prefill(torch.tensor(tokens[:seen]), fresh, mask_fn=view.mask)
+    small.forward(torch.tensor(tokens[:seen]), fresh, mask=view.mask(0, seen, seen), logits="none")
     # a windowed cache holds the sinks and the window [_window, seen) of what a fresh prefill computes
     held = list(range(view.k_sink)) + list(range(drafter._window, seen)) if budget else list(range(seen))
     assert len(held) == n and (n < seen) == bool(budget)  # the budget view really evicted

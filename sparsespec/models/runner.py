@@ -265,13 +265,12 @@ class CausalLM:
         ids: torch.Tensor | list[int],
         cache: KVCache,
         chunk: int = 1024,
-        mask_fn: Callable[[int, int, int, torch.device], torch.Tensor | None] | None = None,
         capture: Capture | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
         """Feed a long prompt in chunks (peak activation memory ~ chunk * context) and return the
-        last position's logits [1, V]. mask_fn(start, n, total, device) gives a chunk's visibility mask for
-        sparse-attention drafters; capture applies to the final chunk only (the last prompt queries)."""
+        last position's logits [1, V], attending causally over the whole cache; capture applies to the
+        final chunk only (the last prompt queries)."""
         ids = torch.as_tensor(ids, device=self.device)
         n = ids.shape[0]
         if self.sliding_window is not None and cache.length + n > self.sliding_window:  # before any chunk
@@ -286,9 +285,7 @@ class CausalLM:
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             block = ids[start:end]
             last = end == n
-            total = cache.length + block.shape[0]
-            m = mask_fn(cache.length, block.shape[0], total, self.device) if mask_fn else None
-            out = self.forward(block, cache, mask=m, capture=capture if last else None,
+            out = self.forward(block, cache, capture=capture if last else None,
                                logits="last" if last else "none")
             if progress:
                 progress(block.shape[0])
