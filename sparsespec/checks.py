@@ -23,11 +23,12 @@ class SettingError(ConfigError):
         super().__init__(f"{key}={value!r} {reason}")
 
     def at(self, prefix: str) -> SettingError:
-        """The same error with its key under `prefix`."""
-        return SettingError(f"{prefix}.{self.key}" if prefix else self.key, self.value, self.reason)
+        """The same error (of the same class: a subclass takes the same three fields) with its key
+        under `prefix`."""
+        return type(self)(f"{prefix}.{self.key}" if prefix else self.key, self.value, self.reason)
 
     def __reduce__(self) -> tuple:  # pickled by its fields (a worker process's error reaches its parent)
-        return SettingError, (self.key, self.value, self.reason)
+        return type(self), (self.key, self.value, self.reason)
 
 
 def close(word: str, allowed: list[str]) -> str:

@@ -102,7 +102,7 @@ def test_fp32_activations_where_no_kernel_takes_them_are_refused_in_one_line():
     with pytest.raises(ValueError) as e:  # raised when the method is built for a model
         load_method("magicdec", ["method.drafter.weights=int4", "method.drafter.weights_group=64",
                                  "method.drafter.activations=fp32"]).build(tiny_lm("llama"))
-    assert "method.drafter.activations=fp32" in str(e.value) and "activations=bf16" in str(e.value)
+    assert "method.drafter.activations='fp32' cannot run here" in str(e.value) and "activations=bf16" in str(e.value)
     with pytest.raises(ConfigError) as e:
         load_method("magicdec", ["method.drafter.activations=fp16"])
     assert "method.drafter.activations='fp16'" in str(e.value) and "auto, fp32, bf16" in str(e.value)

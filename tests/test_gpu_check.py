@@ -111,8 +111,8 @@ def test_methods_built_without_hydra_are_the_shipped_configs():
     assert set(shipped) == set(plain) == set(gpu_speed.OURS)
     for name in gpu_speed.OURS:
         a, b = shipped[name](None), plain[name](None)
-        assert (repr(a.drafter), repr(a.controller), a.lookup, a.prefill_chunk) == \
-            (repr(b.drafter), repr(b.controller), b.lookup, b.prefill_chunk), name
+        assert (repr(a.drafter), repr(a.controller), a.prompt_lookup, a.prefill_chunk) == \
+            (repr(b.drafter), repr(b.controller), b.prompt_lookup, b.prefill_chunk), name
 
 
 EMBEDDED_PLAN = gpu_speed.Plan("embedded-cpu", "cpu", (gpu_speed.ModelSpec("embedded", "SmolLM2", (256,), "float32"),),

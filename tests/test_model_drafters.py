@@ -42,10 +42,17 @@ def test_method_files_build_their_drafter_class(name, kind):
 
 
 def test_a_class_given_a_policy_whose_cache_it_does_not_hold_is_refused():
-    with pytest.raises(KVPolicyError, match="policy=StreamingKV: FullCacheDrafter .* use WindowDrafter"):
+    streaming = r"^policy\._target_='sparsespec\.kv\.policies\.StreamingKV' needs a cache FullCacheDrafter "
+    with pytest.raises(KVPolicyError, match=streaming + ".* use WindowDrafter"):
         FullCacheDrafter(None, StreamingKV(budget=16, k_sink=2))
-    with pytest.raises(KVPolicyError, match="policy=RecallIndex: WindowDrafter .* use ScoredDrafter"):
+    recall = r"^policy\._target_='sparsespec\.kv\.recall\.RecallIndex' needs a cache WindowDrafter "
+    with pytest.raises(KVPolicyError, match=recall + ".* use ScoredDrafter"):
         WindowDrafter(None, RecallIndex(budget=16, k_sink=2, k_recent=4))
+    # through a method file: at the key the user sets
+    with pytest.raises(ValueError) as e:
+        load_method("sd_sparse", ["method.drafter._target_=sparsespec.decoding.model_drafters.FullCacheDrafter"])
+    assert str(e.value).startswith("method sd_sparse: method.drafter.policy._target_='sparsespec.kv.policies."
+                                   "StreamingKV' needs a cache FullCacheDrafter does not hold; use WindowDrafter")
 
 
 def test_windowed_cache_holds_the_sinks_and_the_window_and_evicts_in_steps():

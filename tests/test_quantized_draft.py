@@ -208,7 +208,8 @@ def test_a_group_the_layers_cannot_take_is_refused_with_the_groups_that_work():
     with pytest.raises(MethodConfigError) as e:
         load_method("magicdec", ["method.drafter.weights=int4", "method.drafter.weights_group=128"]).build(target)
     msg = str(e.value)
-    assert msg.startswith("method magicdec: method.drafter.weights_group=128: a layer has 64 inputs")
+    assert msg.startswith("method magicdec: method.drafter.weights_group=128 does not work here: a layer has 64 "
+                          "inputs")
     assert msg.endswith("the int4 groups that work for this model here: 32") and "\n" not in msg
 
 
@@ -221,8 +222,9 @@ def test_a_format_without_a_kernel_on_this_device_is_refused(monkeypatch):
         target = tiny_lm("llama")
         with pytest.raises(MethodConfigError) as e:
             load_method("sparsespec_l_q", []).build(target)
-        assert str(e.value) == ("method sparsespec_l_q: method.drafter.weights=int4: torch's int4 kernel does not "
-                                "run on cpu: no kernel; the formats that work here (cpu): fp, bf16, int8")
+        assert str(e.value) == ("method sparsespec_l_q: method.drafter.weights='int4' cannot run here: torch's int4 "
+                                "kernel does not run on cpu: no kernel; the formats that work here (cpu): fp, bf16, "
+                                "int8")
     finally:
         quantized.format_problem.cache_clear()
 
@@ -441,7 +443,7 @@ def test_an_unknown_kv_format_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         load_method("quantspec", ["method.drafter.kv=int4"])
     msg = str(e.value)
-    assert msg == ("method quantspec: method.drafter.kv='int4': not a draft KV format; the formats that work: "
+    assert msg == ("method quantspec: method.drafter.kv='int4' is not a draft KV format; the formats that work: "
                    "fp, bf16, int8")
 
 

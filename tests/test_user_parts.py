@@ -107,3 +107,41 @@ def test_a_parts_setting_error_is_named_at_the_key_the_user_set(tmp_path, monkey
     node["drafter"]["policy"]["width"] = 3
     assert Method.from_config(node).policy().width == 3
     sys.modules.pop("wide_policy", None)
+
+
+def test_a_users_policy_setting_error_reaches_evaluate_at_its_key_without_parsing_text(tmp_path, monkeypatch):
+    """A user's policy raising SettingError("budget", 0, ...) in its __post_init__ is reported by
+    load_method and by evaluate.py's run (the error it logs before exiting with status 2) at
+    method.drafter.policy.budget, from the error's fields: no message is parsed for a key any more."""
+    import sparsespec.eval.methods as methods
+    from sparsespec.checks import SettingError
+    from sparsespec.config import load_method
+    from sparsespec.eval.cli import compose_run, run
+    from sparsespec.eval.settings import EvaluationError
+
+    assert not hasattr(methods, "_plain_at")
+    (tmp_path / "blocks_policy.py").write_text(
+        "from dataclasses import dataclass\n\nfrom sparsespec.checks import SettingError\n"
+        "from sparsespec.kv.policies import KVPolicy\n\n\n@dataclass\nclass Blocks(KVPolicy):\n"
+        "    def __post_init__(self):\n        if self.budget is not None and self.budget < 64:\n"
+        "            raise SettingError('budget', self.budget, 'is out of range: Blocks keeps whole blocks of 64 "
+        "tokens')\n        super().__post_init__()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["method=magicdec", "method.drafter.policy._target_=blocks_policy.Blocks", "method.drafter.policy.budget=0"]
+    line = "method.drafter.policy.budget=0 is out of range: Blocks keeps whole blocks of 64 tokens"
+    with pytest.raises(ConfigError) as e:
+        load_method("magicdec", args[1:])
+    assert str(e.value) == f"method magicdec: {line}"
+    with pytest.raises(EvaluationError) as e:  # what evaluate.py logs before it exits with status 2
+        run(compose_run([*args, f"out_dir={tmp_path / 'out'}"]))
+    assert str(e.value).endswith(line) and not (tmp_path / "out").exists()
+    # a plain error names the part's node; its text is left as the part wrote it
+    (tmp_path / "plain_policy.py").write_text(
+        "from dataclasses import dataclass\n\nfrom sparsespec.kv.policies import KVPolicy\n\n\n@dataclass\n"
+        "class Plain(KVPolicy):\n    def __post_init__(self):\n        raise ValueError('budget=0: too small')\n")
+    with pytest.raises(ConfigError) as e:
+        load_method("magicdec", ["method.drafter.policy._target_=plain_policy.Plain"])
+    assert str(e.value) == "method magicdec: method.drafter.policy: budget=0: too small"
+    assert isinstance(SettingError("budget", 0, "x").at("method.drafter.policy"), SettingError)
+    for name in ("blocks_policy", "plain_policy"):
+        sys.modules.pop(name, None)

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 
+from sparsespec.checks import SettingError
 from sparsespec.clock import DeviceClock
 from sparsespec.decoding.controllers import Controller
 from sparsespec.decoding.sampling import Sampling, entropy
@@ -138,7 +139,7 @@ class Drafter:
 
     def prepare(self, target: CausalLM) -> None:
         """Once the target is known, before any generation (a quantized copy of its weights is made
-        here). Raises ValueError naming the setting when the target cannot run it."""
+        here). Raises SettingError (its field, value and why) when the target cannot run a setting."""
 
     def start(self, state: DecodeState) -> None:
         """After the target's prefill, before the first round."""
@@ -181,17 +182,19 @@ class Drafter:
 
 def check_weight_format(weights: str, head_weights: str | None, weights_group: int,
                         activations: str = "auto") -> None:
-    """The draft weight settings' values, before any model is known (ValueError: `key=value: why`)."""
+    """The draft weight settings' values, before any model is known (WeightFormatError: the drafter's
+    field, its value and why)."""
     if activations not in quantized.ACTIVATIONS:
-        raise ValueError(f"activations={activations!r}: the rows of the draft's low-bit products are one of "
-                         f"{', '.join(quantized.ACTIVATIONS)}")
+        raise quantized.WeightFormatError("activations", activations, "is not allowed: the rows of the draft's "
+                                          f"low-bit products are one of {', '.join(quantized.ACTIVATIONS)}")
     here = "cuda" if torch.cuda.is_available() else "cpu"
     for key, fmt in (("weights", weights), ("head_weights", head_weights)):
         if fmt is not None and fmt not in quantized.WEIGHT_FORMATS:
-            raise ValueError(f"{key}={fmt!r}: not a draft weight format; the formats that work here ({here}): "
-                             f"{', '.join(quantized.working_formats(here))}")
+            raise quantized.WeightFormatError(key, fmt, "is not a draft weight format; the formats that work here "
+                                              f"({here}): {', '.join(quantized.working_formats(here))}")
     if isinstance(weights_group, bool) or not isinstance(weights_group, int) or weights_group < 1:
-        raise ValueError(f"weights_group={weights_group!r}: a positive number of weights per int4 group")
+        raise quantized.WeightFormatError("weights_group", weights_group,
+                                          "is out of range: a positive number of weights per int4 group")
 
 
 @dataclass
@@ -339,9 +342,9 @@ class PromptLookup:
 
     def __post_init__(self) -> None:
         if isinstance(self.ngram, bool) or not isinstance(self.ngram, int) or self.ngram < 1:
-            raise ValueError(f"ngram={self.ngram!r} is out of range: an n-gram size >= 1")
-        if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
-            raise ValueError(f"k={self.k!r} is out of range: a draft length >= 1, or null for the controller's")
+            raise SettingError("ngram", self.ngram, "is out of range: an n-gram size >= 1")
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
+            raise SettingError("k", self.k, "is out of range: a draft length >= 1, or null for the controller's")
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of tokens[-ngram:] ([] if none).

@@ -126,11 +126,6 @@ class SpeculativeEngine:
     prefill_chunk: int = 1024
     prompt_lookup: PromptLookup | None = None  # the part (a Method's `lookup` is its n-gram size)
 
-    @property
-    def lookup(self) -> PromptLookup | None:
-        """`prompt_lookup` under its former name, for readers not yet renamed."""
-        return self.prompt_lookup
-
     def generate(
         self,
         prompt_ids: list[int],

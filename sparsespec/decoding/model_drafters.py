@@ -23,7 +23,7 @@ import torch
 from sparsespec.decoding.drafters import DecodeState, DraftSteps, WeightFormatDrafter, selected_steps
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.footprint import Part, Sizing, kv_bytes
-from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError
+from sparsespec.kv.policies import FullKV, KVPolicy, KVPolicyError, KVPolicySettingError
 from sparsespec.kv.quantized import DraftView
 from sparsespec.kv.quantized import new_cache as new_view_cache
 from sparsespec.kv.window import DRAFT_ROOM, EVICT_EVERY, WindowedCache
@@ -69,8 +69,10 @@ class ModelDrafter(WeightFormatDrafter):
         super().__post_init__()
         kind = cache_kind(self.policy)
         if not isinstance(self, kind):
-            raise KVPolicyError(f"policy={type(self.policy).__name__}: {type(self).__name__} does not hold the "
-                                f"cache it needs; use {kind.__name__} (or ModelDrafter, which picks it)")
+            policy = type(self.policy)
+            raise KVPolicySettingError("policy._target_", f"{policy.__module__}.{policy.__qualname__}",
+                                       f"needs a cache {type(self).__name__} does not hold; use {kind.__name__} "
+                                       "(or ModelDrafter, which picks it)")
 
     @property
     def seen(self) -> int:

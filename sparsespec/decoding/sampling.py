@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sparsespec.checks import number, require
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -17,10 +19,10 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
+        # the checks evaluate.py's gen.temperature and gen.top_p get, for callers of this API
+        require(number("temperature", self.temperature) >= 0, "temperature", self.temperature,
+                ">= 0 (0 = greedy, > 0 = sampling)")
+        require(0 < number("top_p", self.top_p) <= 1, "top_p", self.top_p, "(0, 1]")
 
     @property
     def greedy(self) -> bool:

@@ -8,7 +8,6 @@ class alone and every field can be set from the command line (`method.drafter.po
 from __future__ import annotations
 
 import importlib
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -69,7 +68,7 @@ class Method:
         except Exception as e:  # instantiate wraps the part's own error: show that one, at its key
             while isinstance(e, InstantiationException) and e.__cause__ is not None:
                 e = e.__cause__
-            raise MethodConfigError(f"method {self.name}: {_at(e, f'method.{key}', node)}") from None
+            raise MethodConfigError(f"method {self.name}: {_at(e, f'method.{key}')}") from None
         if not isinstance(part, base):
             raise MethodConfigError(f"method {self.name}: method.{key}._target_ builds a {type(part).__name__}, "
                                     f"not a {base.__name__}: subclass {base.__module__}.{base.__name__}")
@@ -119,7 +118,7 @@ class Method:
             try:  # what the target's device and shapes allow (a draft weight format's kernel)
                 drafter.prepare(target)
             except ValueError as e:
-                raise MethodConfigError(f"method {self.name}: {_at(e, 'method.drafter', self.drafter)}") from None
+                raise MethodConfigError(f"method {self.name}: {_at(e, 'method.drafter')}") from None
         controller = FixedK() if self.controller is None else self._build("controller", Controller)
         self._check_lookup()
         prompt_lookup = PromptLookup(self.lookup, k=self.lookup_k) if self.lookup else None
@@ -139,19 +138,10 @@ class Method:
             raise MethodConfigError(f"method {self.name}: {e}") from None
 
 
-def _at(e: Exception, where: str, node: dict) -> str:
+def _at(e: Exception, where: str) -> str:
     """A part's error at the key the user set (`where`: the part's node, e.g. method.drafter.policy).
-    A SettingError carries the part's own field, so its key is `where` + that field."""
+    A SettingError carries the part's own field, so its key is `where` + that field; any other error
+    is shown at the part's node."""
     if isinstance(e, SettingError):
         return str(e.at(where))
-    return _plain_at(e, where, node)
-
-
-def _plain_at(e: Exception, where: str, node: dict) -> str:
-    """Another error's message at the part's node: a part should raise SettingError, but a message
-    that starts with one of the part's fields (`ratio=2 ...`, or `Name: ratio=2 ...`), as a part
-    written without it raises, is still placed at that field."""
-    m = re.match(r"(?:(\w+): )?(\w+)=(.*)", str(e), re.S)
-    if m and m[2] in node:
-        return f"{where}.{m[2]}={m[3]}" + (f" ({m[1]})" if m[1] else "")
     return f"{where}: {e}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparsespec.kv.policies import KVPolicyError, PolicyState
+from sparsespec.kv.policies import KVPolicySettingError, PolicyState
 from sparsespec.kv.recall import RecallIndex
 
 
@@ -26,8 +26,8 @@ class LayerRecallIndex(RecallIndex):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.min_budget, int) or isinstance(self.min_budget, bool) or self.min_budget < 0:
-            raise KVPolicyError(f"LayerRecallIndex: min_budget={self.min_budget!r} is out of range: "
-                                "a number of tokens >= 0")
+            raise KVPolicySettingError("min_budget", self.min_budget,
+                                       f"is out of range: a number of tokens >= 0 ({type(self).__name__})")
 
     def budget_for(self, length: int) -> int:
         share = super().budget_for(length)

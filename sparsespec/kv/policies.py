@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from sparsespec.checks import SettingError
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
 from sparsespec.kv.footprint import Part, Shape, Sizing, capture_parts
@@ -42,7 +43,13 @@ class PolicyState(Protocol):
 
 
 class KVPolicyError(ValueError):
-    pass
+    """A KV policy that cannot work: a bad setting (KVPolicySettingError), or a policy used where it
+    does not fit (a score of the wrong shape, a scored policy for a drafter's own cache)."""
+
+
+class KVPolicySettingError(KVPolicyError, SettingError):
+    """A policy's setting out of range, as its key, value and reason: the method names it at the key
+    the user set (`method.drafter.policy.budget=0 ...`)."""
 
 
 @dataclass
@@ -53,22 +60,25 @@ class KVPolicy:
     k_recent: int | None = None  # None: all of the budget that scores do not fill
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
+        name = type(self).__name__  # ends each reason: the class the node's _target_ built
         for key in ("budget", "k_sink", "k_recent"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise KVPolicyError(f"{name}: {key}={value!r} has the wrong type: expected an integer")
+                raise KVPolicySettingError(key, value, f"has the wrong type: expected an integer ({name})")
         if self.budget is not None and self.budget <= 0:
-            raise KVPolicyError(f"{name}: budget={self.budget} is out of range: a positive number of tokens")
+            raise KVPolicySettingError("budget", self.budget, f"is out of range: a positive number of tokens ({name})")
         if isinstance(self.ratio, bool) or not (isinstance(self.ratio, int | float) and 0 < self.ratio <= 1):
-            raise KVPolicyError(f"{name}: ratio={self.ratio!r} is out of range: (0, 1], the share of the context kept")
-        if self.k_sink < 0 or (self.k_recent is not None and self.k_recent < 0):
-            raise KVPolicyError(f"{name}: k_sink and k_recent must be >= 0")
+            raise KVPolicySettingError("ratio", self.ratio,
+                                       f"is out of range: (0, 1], the share of the context kept ({name})")
+        for key in ("k_sink", "k_recent"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise KVPolicySettingError(key, value, f"is out of range: a number of tokens >= 0 ({name})")
         floor = self.k_sink + (self.k_recent or 0)
         if self.budget is not None and self.budget < floor:
-            raise KVPolicyError(
-                f"{name}: budget={self.budget} is smaller than k_sink + k_recent = {floor}; raise the budget "
-                "or lower k_sink / k_recent")
+            raise KVPolicySettingError(
+                "budget", self.budget, f"is smaller than k_sink + k_recent = {floor}; raise the budget or lower "
+                f"k_sink / k_recent ({name})")
 
     # -- what a policy overrides -------------------------------------------------------------
     def score(self, state: PolicyState) -> torch.Tensor | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sparsespec.checks import SettingError
 from sparsespec.kv.cache import KVCache, gather_rows
 
 if TYPE_CHECKING:
@@ -70,9 +71,9 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_kv_format(fmt: str) -> None:
-    """ValueError (`kv=value: why; the formats that work`) unless `fmt` is a draft KV format."""
+    """SettingError (`kv=value is ...; the formats that work`) unless `fmt` is a draft KV format."""
     if fmt not in KV_FORMATS:
-        raise ValueError(f"kv={fmt!r}: not a draft KV format; the formats that work: {', '.join(KV_FORMATS)}")
+        raise SettingError("kv", fmt, f"is not a draft KV format; the formats that work: {', '.join(KV_FORMATS)}")
 
 
 def entry_bytes(fmt: str, n_layers: int, n_kv_heads: int, head_dim: int, own_dtype: torch.dtype) -> int:
@@ -101,7 +102,7 @@ class QuantizedKVCache(KVCache):
     def __init__(self, fmt: str, n_layers: int, n_kv_heads: int, head_dim: int,
                  device: str | torch.device = "cpu", capacity: int = 256) -> None:
         if fmt not in ("bf16", "int8"):
-            raise ValueError(f"kv={fmt!r}: a quantized cache holds bf16 or int8")
+            raise SettingError("kv", fmt, "is not a quantized KV format: a quantized cache holds bf16 or int8")
         self.fmt = fmt
         super().__init__(n_layers, n_kv_heads, head_dim, torch.bfloat16 if fmt == "bf16" else torch.int8,
                          device, capacity)

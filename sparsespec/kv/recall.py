@@ -30,7 +30,7 @@ import torch
 from sparsespec.clock import DeviceClock
 from sparsespec.kv.capture import Capture, attention_mass
 from sparsespec.kv.footprint import F32, Part, Shape, Sizing
-from sparsespec.kv.policies import KVPolicy, KVPolicyError, PolicyState
+from sparsespec.kv.policies import KVPolicy, KVPolicySettingError, PolicyState
 
 ALL_QUERIES = 1 << 30
 
@@ -70,7 +70,7 @@ class RecallIndex(KVPolicy):
         for key in ("window", "refresh_every"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise KVPolicyError(f"RecallIndex: {key}={value!r} is out of range: a positive integer")
+                raise KVPolicySettingError(key, value, f"is out of range: a positive integer ({type(self).__name__})")
 
     # -- capture hooks used by the engine -------------------------------------------------------
     def prefill_capture(self) -> Capture:

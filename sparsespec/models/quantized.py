@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sparsespec.checks import SettingError
 from sparsespec.kernels import cpu_attention, cpu_linear
 from sparsespec.models.runner import CausalLM
 
@@ -60,9 +61,10 @@ INT4_ROWS = 16
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
-class WeightFormatError(ValueError):
-    """A draft weight format this device, dtype or model cannot run; the message starts with the
-    key and its value (`weights=int4: ...`) and names the formats that work here."""
+class WeightFormatError(SettingError):
+    """A draft weight setting this device, dtype or model cannot run, as its key (the drafter's
+    field: weights, head_weights, weights_group, activations), value and reason; the reason names
+    what works here. The method names it at the key the user set (`method.drafter.weights=...`)."""
 
 
 def _probe(fmt: str, device: str, group: int = 32) -> str | None:
@@ -157,8 +159,8 @@ class PackedLinear:
             return cls(fmt, out, q, scale, bias)
         if fmt == "int4":
             if w.shape[1] % group:
-                raise WeightFormatError(f"weights_group={group}: a layer has {w.shape[1]} inputs, not a multiple "
-                                        f"of {group}")
+                raise WeightFormatError("weights_group", group, f"does not fit this model: a layer has "
+                                        f"{w.shape[1]} inputs, not a multiple of {group}")
             w = F.pad(w, (0, 0, 0, -out % INT4_ROWS))
             n, k = w.shape
             g = w.reshape(n, k // group, group)
@@ -171,7 +173,7 @@ class PackedLinear:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(n, k), 1)
             scales = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()  # [k / group, n, 2]
             return cls(fmt, out, packed, scales, bias, group)
-        raise WeightFormatError(f"weights={fmt!r}: not a packed draft weight format")
+        raise WeightFormatError("weights", fmt, "is not a packed draft weight format: use bf16, int8 or int4")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt in cpu_linear.BLOCK_FORMATS:
@@ -209,8 +211,9 @@ class DraftLM(CausalLM):
         self._packed: list[dict[str, PackedLinear]] = []
         if weights != "fp":
             if any(w is None for w in target._gate_up):
-                raise WeightFormatError(f"weights={weights}: this model's MLP is not a gated one without bias; "
-                                        "the draft weight formats need one (the formats that work here: fp)")
+                raise WeightFormatError("weights", weights, "does not fit this model: its MLP is not a gated one "
+                                        "without bias, which the draft weight formats need (the format that works "
+                                        "here: fp)")
             for i, layer in enumerate(target.layers):
                 w, b = target._qkv[i]
                 o, down = layer.self_attn.o_proj, layer.mlp.down_proj
@@ -270,7 +273,7 @@ def _linear_bytes(model: CausalLM, weights: str, head: str, group: int, activati
 
 
 def check_format(target: CausalLM, weights: str, head: str, group: int, activations: str = "auto") -> None:
-    """Raise WeightFormatError (one line: the key, the reason, what works here) unless the formats
+    """Raise WeightFormatError (the key, its value, the reason and what works here) unless the formats
     run on the target's device with this group size, these rows and the target's layer shapes."""
     device = target.device.type
     if activations == "fp32":
@@ -279,14 +282,16 @@ def check_format(target: CausalLM, weights: str, head: str, group: int, activati
             inputs += [layer.mlp.down_proj.weight.shape[1] for layer in target.layers]
             if any(block_format(fmt, group, device, target.dtype, k) is None for k in inputs):
                 raise WeightFormatError(
-                    f"activations=fp32: {fmt} products with float32 rows need the project's CPU kernel, a "
-                    f"float32 target on the CPU{' and groups of 32' if fmt == 'int4' else ''} and layers "
-                    f"whose inputs are multiples of 32; use activations=auto or activations=bf16")
+                    "activations", activations, f"cannot run here: {fmt} products with float32 rows need the "
+                    "project's CPU kernel, a float32 target on the CPU"
+                    f"{' and groups of 32' if fmt == 'int4' else ''} and layers whose inputs are multiples of 32; "
+                    "use activations=auto or activations=bf16")
     works = ", ".join(working_formats(device))
     for key, fmt in (("weights", weights), ("head_weights", head)):
         why = format_problem(fmt, device)
         if why is not None:
-            raise WeightFormatError(f"{key}={fmt}: {why}; the formats that work here ({device}): {works}")
+            raise WeightFormatError(key, fmt, f"{'is' if fmt not in WEIGHT_FORMATS else 'cannot run here:'} {why}; "
+                                    f"the formats that work here ({device}): {works}")
     if "int4" not in (weights, head):
         return
     inputs = {w.shape[1] for w, _ in target._qkv} | {target.lm_head.weight.shape[1]}
@@ -297,8 +302,9 @@ def check_format(target: CausalLM, weights: str, head: str, group: int, activati
            else format_problem("int4", device, group) if group in INT4_GROUPS
            else f"torch's int4 kernel takes groups of {', '.join(map(str, INT4_GROUPS))}")
     if bad or group not in INT4_GROUPS or format_problem("int4", device, group) is not None:
-        raise WeightFormatError(f"weights_group={group}: {why}; the int4 groups that work for this model here: "
-                                f"{', '.join(map(str, fits)) or 'none (use weights=int8 or bf16)'}")
+        works = ", ".join(map(str, fits)) or "none (use weights=int8 or bf16)"
+        raise WeightFormatError("weights_group", group, f"does not work here: {why}; the int4 groups that work for "
+                                f"this model here: {works}")
 
 
 _COPIES: weakref.WeakKeyDictionary[CausalLM, dict[tuple[str, str, int, str], DraftLM]] = weakref.WeakKeyDictionary()
