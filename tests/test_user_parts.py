@@ -113,11 +113,14 @@ def test_a_users_policy_setting_error_reaches_evaluate_at_its_key_without_parsin
     """A user's policy raising SettingError("budget", 0, ...) in its __post_init__ is reported by
     load_method and by evaluate.py's run (the error it logs before exiting with status 2) at
     method.drafter.policy.budget, from the error's fields: no message is parsed for a key any more."""
+    import pickle
+
     import sparsespec.eval.methods as methods
     from sparsespec.checks import SettingError
     from sparsespec.config import load_method
     from sparsespec.eval.cli import compose_run, run
     from sparsespec.eval.settings import EvaluationError
+    from sparsespec.kv.policies import KVPolicySettingError
 
     assert not hasattr(methods, "_plain_at")
     (tmp_path / "blocks_policy.py").write_text(
@@ -142,6 +145,9 @@ def test_a_users_policy_setting_error_reaches_evaluate_at_its_key_without_parsin
     with pytest.raises(ConfigError) as e:
         load_method("magicdec", ["method.drafter.policy._target_=plain_policy.Plain"])
     assert str(e.value) == "method magicdec: method.drafter.policy: budget=0: too small"
-    assert isinstance(SettingError("budget", 0, "x").at("method.drafter.policy"), SettingError)
+    # a shipped policy's error keeps its class through .at() and pickling (a worker's error reaches its parent)
+    err = pickle.loads(pickle.dumps(KVPolicySettingError("budget", 0, "is out of range").at("method.drafter.policy")))
+    assert type(err) is KVPolicySettingError and isinstance(err, SettingError)
+    assert str(err) == "method.drafter.policy.budget=0 is out of range"
     for name in ("blocks_policy", "plain_policy"):
         sys.modules.pop(name, None)

@@ -63,7 +63,8 @@ class KVPolicy:
         name = type(self).__name__  # ends each reason: the class the node's _target_ built
         for key in ("budget", "k_sink", "k_recent"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            if (value is None and key == "k_sink") or (value is not None and (not isinstance(value, int)
+                                                                         or isinstance(value, bool))):
                 raise KVPolicySettingError(key, value, f"has the wrong type: expected an integer ({name})")
         if self.budget is not None and self.budget <= 0:
             raise KVPolicySettingError("budget", self.budget, f"is out of range: a positive number of tokens ({name})")
