@@ -185,17 +185,7 @@ def markdown(rep: dict) -> str:
                      f"{r['measured']:.2f} | {r['predicted']:.2f} | {r['measured_over_predicted']:.2f} | "
                      f"{dash(r['predicted_from_curves'])} | {dash(r['identity'])} | {dash(r['measured_over_identity'])} "
                      f"| {r['verify_ar_steps']:.2f} |")
-    lines += ["", "| rows | median measured / predicted | range | median abs. error | largest | within 10% | "
-              "within 20% |", "|---|---|---|---|---|---|---|"]
-    for key, s in rep["summary"].items():
-        if key == "best_method":
-            continue
-        lines.append(f"| {key} | {s['median_ratio']:.2f} | {s['min_ratio']:.2f}–{s['max_ratio']:.2f} | "
-                     f"{s['median_abs_error']:.0%} | {s['max_abs_error']:.0%} | {s['within_10pct']} / {s['rows']} | "
-                     f"{s['within_20pct']} / {s['rows']} |")
-    b = rep["summary"]["best_method"]
-    lines += ["", f"Best method of a (context, batch) cell picked right: {b['right']} of {b['cells']} with each row's "
-              f"acceptance, {b['right_from_curves']} with the committed curves'."]
+    lines += ["", summary_markdown(rep)]
     return "\n".join(lines)
 
 
