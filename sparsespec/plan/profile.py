@@ -83,15 +83,7 @@ class DeviceProfile:
         """A weight format's product rate per byte over float32's at `rows` (1 where not measured):
         linear in rows between the measured counts, flat past them."""
         table = self.format_share.get(fmt or "")
-        if not table:
-            return 1.0
-        pts = sorted(table.items())
-        if rows <= pts[0][0]:
-            return pts[0][1]
-        for (r0, v0), (r1, v1) in zip(pts, pts[1:], strict=False):
-            if rows <= r1:
-                return v0 + (v1 - v0) * (rows - r0) / (r1 - r0)
-        return pts[-1][1]
+        return _interpolate(table, rows) if table else 1.0
 
     def compute(self, dtype: str = "float32") -> float | None:
         """FLOP/s of dense products in `dtype` (int formats compute in bfloat16), or None."""
@@ -103,7 +95,7 @@ class DeviceProfile:
         """Seconds `op` takes, all its runs (count) together."""
         if op.kind == "lookup":
             tokens = op.bytes / 8
-            return op.count * tokens * _by_log_ctx(self.lookup_ns_per_token, tokens) * 1e-9
+            return op.count * tokens * _interpolate(self.lookup_ns_per_token, tokens, log=True) * 1e-9
         read = op.bytes / (self.bandwidth_gbs * 1e9)
         table = getattr(self, op.kind, None) if op.kind in KINDS else None
         if table:
@@ -127,17 +119,19 @@ class DeviceProfile:
         return json.dumps(d, indent=1)
 
 
-def _by_log_ctx(table: dict[int, float], ctx: float) -> float:
-    """A value measured at some contexts, interpolated in log(context), flat past the ends (0: none)."""
+def _interpolate(table: dict[int, float], x: float, log: bool = False) -> float:
+    """A value measured at some points, linear between them (in log(x) with `log`), flat past the
+    ends (0: none)."""
     if not table:
         return 0.0
     pts = sorted(table.items())
-    if ctx <= pts[0][0]:
+    if x <= pts[0][0]:
         return pts[0][1]
-    for (c0, v0), (c1, v1) in zip(pts, pts[1:], strict=False):
-        if ctx <= c1:
-            w = math.log(ctx / c0) / math.log(c1 / c0)
-            return v0 + w * (v1 - v0)
+    for (x0, v0), (x1, v1) in zip(pts, pts[1:], strict=False):
+        if x <= x1:
+            if log:
+                return v0 + math.log(x / x0) / math.log(x1 / x0) * (v1 - v0)
+            return v0 + (v1 - v0) * (x - x0) / (x1 - x0)
     return pts[-1][1]
 
 
