@@ -25,7 +25,7 @@ from sparsespec.decoding.controllers import Controller
 from sparsespec.decoding.sampling import Sampling, entropy
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
-from sparsespec.kv.footprint import Part, Sizing
+from sparsespec.kv.footprint import Part, Sizing, refuse_memory_bytes
 from sparsespec.kv.policies import FullKV, KVPolicy
 from sparsespec.kv.quantized import DraftView, check_kv_format, view_bytes
 from sparsespec.kv.quantized import format_label as kv_label
@@ -174,10 +174,7 @@ class Drafter:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "memory_bytes" in vars(cls):
-            raise TypeError(f"{cls.__name__}.memory_bytes(n_layers, n_kv_heads, tokens) is now "
-                            "memory(target, at) -> list[Part] (sparsespec.kv.footprint): rename it and return "
-                            "[Part(name, nbytes)]")
+        refuse_memory_bytes(cls, "memory(target, at)")
 
 
 def check_weight_format(weights: str, head_weights: str | None, weights_group: int,

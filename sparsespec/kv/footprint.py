@@ -26,6 +26,15 @@ PHASES = ("prefill", "drafter start", "decode")
 F32 = 4  # bytes of a float32: LSEs, attention probabilities and index rows are float32
 
 
+
+def refuse_memory_bytes(cls: type, hook: str) -> None:
+    """A part class that still defines the old `memory_bytes(n_layers, n_kv_heads, tokens)`: say it is
+    now `hook` (called by the base classes' __init_subclass__)."""
+    if "memory_bytes" in vars(cls):
+        raise TypeError(f"{cls.__name__}.memory_bytes(n_layers, n_kv_heads, tokens) is now {hook} -> list[Part] "
+                        "(sparsespec.kv.footprint): rename it and return [Part(name, nbytes)]")
+
+
 @dataclass(frozen=True)
 class Part:
     """Bytes one part of a run allocates from `phase` on: held until the run ends (or through the

@@ -32,7 +32,7 @@ import torch
 from sparsespec.checks import SettingError
 from sparsespec.kv.cache import KVCache
 from sparsespec.kv.capture import Capture
-from sparsespec.kv.footprint import Part, Shape, Sizing, capture_parts
+from sparsespec.kv.footprint import Part, Shape, Sizing, capture_parts, refuse_memory_bytes
 
 
 class PolicyState(Protocol):
@@ -108,10 +108,7 @@ class KVPolicy:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "memory_bytes" in vars(cls):
-            raise TypeError(f"{cls.__name__}.memory_bytes(n_layers, n_kv_heads, tokens) is now "
-                            "memory(model, at) -> list[Part] (sparsespec.kv.footprint): rename it and return "
-                            "[Part(name, nbytes)]")
+        refuse_memory_bytes(cls, "memory(model, at)")
 
     def memory(self, model: Shape, at: Sizing) -> list[Part]:
         """What this policy allocates over `model`'s cache in the run `at` (the memory guard adds it
