@@ -276,10 +276,11 @@ def check_format(target: CausalLM, weights: str, head: str, group: int, activati
     """Raise WeightFormatError (the key, its value, the reason and what works here) unless the formats
     run on the target's device with this group size, these rows and the target's layer shapes."""
     device = target.device.type
+    # the input sizes the packed layers take: the hidden size (q/k/v, lm_head) and the MLP's (down)
+    inputs = {w.shape[1] for w, _ in target._qkv} | {target.lm_head.weight.shape[1]}
+    inputs |= {layer.mlp.down_proj.weight.shape[1] for layer in target.layers}
     if activations == "fp32":
         for fmt in {weights, head} & {"int8", "int4"}:
-            inputs = [w.shape[1] for w, _ in target._qkv] + [target.lm_head.weight.shape[1]]
-            inputs += [layer.mlp.down_proj.weight.shape[1] for layer in target.layers]
             if any(block_format(fmt, group, device, target.dtype, k) is None for k in inputs):
                 raise WeightFormatError(
                     "activations", activations, f"cannot run here: {fmt} products with float32 rows need the "
@@ -294,8 +295,6 @@ def check_format(target: CausalLM, weights: str, head: str, group: int, activati
                                     f"the formats that work here ({device}): {works}")
     if "int4" not in (weights, head):
         return
-    inputs = {w.shape[1] for w, _ in target._qkv} | {target.lm_head.weight.shape[1]}
-    inputs |= {layer.mlp.down_proj.weight.shape[1] for layer in target.layers}
     fits = [g for g in INT4_GROUPS if all(k % g == 0 for k in inputs) and format_problem("int4", device, g) is None]
     bad = sorted(k for k in inputs if k % group)
     why = (f"a layer has {bad[0]} inputs, not a multiple of {group}" if bad
